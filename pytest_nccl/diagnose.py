@@ -1,0 +1,311 @@
+"""Pure analysis: per-rank records and outcomes -> the first divergence and a one-line headline.
+
+No torch, no processes (like torch's flight_recorder ``builder.py`` / ``utils.py``): everything here
+is tested on hand-written data. The controller calls ``diagnose(ranks, reason, bound)``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from .records import (P2P_OPS, RANK_DEAD, RANK_FAILED, RANK_PASSED, RANK_RUNNING, RANK_SKIPPED,
+                      RANK_XFAILED, CollectiveRecord, RankView)
+
+# kinds, and the exception class each maps to (names from errors.py)
+SHAPE_MISMATCH, DTYPE_MISMATCH, OP_MISMATCH = "shape-mismatch", "dtype-mismatch", "op-mismatch"
+RANK_LEFT, GROUP_MISMATCH = "rank-left", "group-mismatch"
+RAISED, DIED, HANG, SLOW_RANK, TIMEOUT = "rank-raised", "rank-died", "hang", "slow-rank", "timeout"
+SKIP_MISMATCH, SETUP = "skip-mismatch", "setup"
+
+EXCEPTION_FOR_KIND = {
+    SHAPE_MISMATCH: "CollectiveMismatch", DTYPE_MISMATCH: "CollectiveMismatch",
+    OP_MISMATCH: "CollectiveMismatch", RANK_LEFT: "CollectiveMismatch",
+    GROUP_MISMATCH: "CollectiveMismatch", RAISED: "RankRaised", DIED: "RankDied",
+    HANG: "CollectiveTimeout", SLOW_RANK: "CollectiveTimeout", TIMEOUT: "CollectiveTimeout",
+    SKIP_MISMATCH: "DistributedTestFailure", SETUP: "RankSetupError",
+}
+
+
+@dataclass
+class Divergence:
+    """The first place where the ranks' collective sequences part."""
+    pg: str
+    seq: int                                  # 1-based position in the group where they part
+    records: dict[int, CollectiveRecord]      # member rank -> its record at seq (if it has one)
+    absent: list[int]                         # members with no record at seq
+    kind: str                                 # SHAPE_MISMATCH | DTYPE_MISMATCH | OP_MISMATCH | RANK_LEFT
+
+
+@dataclass
+class Diagnosis:
+    kind: str
+    headline: str
+    ranks: list[int] = field(default_factory=list)   # the rank(s) at fault
+    pg: str | None = None
+    seq: int | None = None
+    divergence: Divergence | None = None
+
+    @property
+    def exception_name(self) -> str:
+        return EXCEPTION_FOR_KIND.get(self.kind, "DistributedTestFailure")
+
+
+def members_of(pg: str, world: int) -> list[int]:
+    """Ranks of a group, from its label ("default", "pg1[0,2]")."""
+    if pg != "default" and "[" in pg:
+        inside = pg[pg.find("[") + 1: pg.find("]")]
+        if inside and "..." not in inside:
+            try:
+                return sorted(int(x) for x in inside.split(","))
+            except ValueError:
+                pass
+    return list(range(world))
+
+
+def _ordered_groups(ranks: list[RankView]) -> list[str]:
+    seen: dict[str, float] = {}
+    for view in ranks:
+        for rec in view.records:
+            if rec.pg.endswith(":p2p") or rec.op in P2P_OPS:
+                continue
+            seen[rec.pg] = min(seen.get(rec.pg, rec.t_start), rec.t_start)
+    return sorted(seen, key=lambda pg: (pg != "default", seen[pg]))
+
+
+def first_divergence(ranks: list[RankView]) -> Divergence | None:
+    """The earliest position, over all groups, where members disagree or some member is absent
+    while another one is waiting there (or went past it)."""
+    world = len(ranks)
+    found: list[tuple[float, Divergence]] = []
+    for pg in _ordered_groups(ranks):
+        members = [r for r in members_of(pg, world) if r < world]
+        seqs = {r: ranks[r].records_in(pg) for r in members}
+        longest = max(len(s) for s in seqs.values())
+        for i in range(longest):
+            at = {r: s[i] for r, s in seqs.items() if len(s) > i}
+            absent = [r for r in members if r not in at]
+            present = list(at.values())
+            ops = {rec.op for rec in present}
+            kind = None
+            if len(ops) > 1:
+                kind = OP_MISMATCH
+            elif len({rec.signature for rec in present}) > 1:
+                kind = DTYPE_MISMATCH if len({rec.dtype for rec in present}) > 1 else SHAPE_MISMATCH
+            elif absent:
+                kind = RANK_LEFT
+            if kind:
+                t = min(rec.t_start for rec in present)
+                found.append((t, Divergence(pg, i + 1, at, absent, kind)))
+                break
+    if not found:
+        return None
+    # the mismatches that explain a hang come first in time; among ties, the default group
+    found.sort(key=lambda item: item[0])
+    return found[0][1]
+
+
+def short_path(path: str) -> str:
+    """'…/site-packages/trl/trainer/x.py:12' -> 'trl/trainer/x.py:12'; test files relative to cwd."""
+    for marker in ("site-packages" + os.sep, "dist-packages" + os.sep):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    try:
+        rel = os.path.relpath(path)
+        if not rel.startswith(".."):
+            return rel
+    except ValueError:
+        pass
+    return path
+
+
+def short_site(site: str, depth: int = 3) -> str:
+    return " <- ".join(short_path(s) for s in site.split(" <- ")[:depth] if s)
+
+
+def _rank_list(ranks) -> str:
+    ranks = sorted(ranks)
+    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, ranks))
+
+
+def _where(rec: CollectiveRecord) -> str:
+    site = short_site(rec.site, 2)
+    return f"{rec.op} #{rec.seq} of group {rec.pg}" + (f" from {site}" if site else "")
+
+
+def _stack_top(stack: str) -> str:
+    """The innermost 'File x, line n, in f' of the main thread's stack, shortened."""
+    lines = [l.strip() for l in stack.splitlines()]
+    main_start = next((i for i, l in enumerate(lines) if "MainThread" in l or "Current thread" in l), 0)
+    frames = []
+    for l in lines[main_start + 1:]:
+        if l.startswith("Thread ") or (l.startswith("Current thread") and frames):
+            break
+        if l.startswith("File "):
+            frames.append(l)
+    for l in reversed(frames):
+        if os.sep + "pytest_nccl" + os.sep in l and os.sep + "testing" + os.sep not in l:
+            continue
+        try:
+            path = l.split('"')[1]
+            rest = l.split('"', 2)[2].strip(", ")
+            return f"{short_path(path)} ({rest})"
+        except IndexError:
+            return l
+    return ""
+
+
+def _state_of(view: RankView, pg: str) -> str:
+    """Why this rank is not in the collective the others wait in."""
+    count = len(view.records_in(pg))
+    after = f"after {count} collective{'s' if count != 1 else ''} in group {pg}"
+    if view.status == RANK_DEAD:
+        return f"{view.exit_description} {after}"
+    if view.status == RANK_FAILED:
+        return f"raised {view.message or view.exc_type} {after}"
+    if view.status in (RANK_PASSED, RANK_SKIPPED, RANK_XFAILED):
+        return f"left the test ({view.status}) {after}"
+    cur = view.current
+    if cur is not None and cur.pg != pg:
+        return f"waits in {_where(cur)} instead, {after}"
+    top = _stack_top(view.stack)
+    return f"is busy outside any collective{' at ' + top if top else ''}, {after}"
+
+
+def diagnose(ranks: list[RankView], reason: str, bound: float) -> Diagnosis | None:
+    """``reason``: "completed" (every rank finished), "decided" (a rank failed or left while others
+    waited), "timeout" (the bound was hit). Returns None for a clean pass."""
+    div = first_divergence(ranks)
+    failed = [v for v in ranks if v.status == RANK_FAILED]
+    dead = [v for v in ranks if v.status == RANK_DEAD]
+    running = [v for v in ranks if v.status == RANK_RUNNING]
+
+    if div is not None and div.kind != RANK_LEFT:
+        return _mismatch(div, ranks)
+    if div is not None:  # some members absent from a collective that others entered
+        return _absent(div, ranks, reason, bound)
+    if dead:
+        first = min(dead, key=lambda v: v.finished_at or 0)
+        return Diagnosis(DIED, f"{_rank_list([first.rank])} {first.exit_description}"
+                         f"{_others(dead, first)}{_waiting_summary(ranks)}", [first.rank])
+    if failed:
+        return _raised(failed, ranks)
+    if running:
+        inside = [v for v in running if v.current is not None]
+        if inside and len(inside) == len(running) and len({(v.current.pg, v.current.seq) for v in inside}) == 1:
+            rec = inside[0].current
+            every = "every rank is" if len(running) == len(ranks) else f"{_rank_list([v.rank for v in running])} are"
+            return Diagnosis(HANG, f"{every} inside {_where(rec)} and none completed within the "
+                             f"{bound:g} s bound (a transport or peer problem: all ranks entered it)",
+                             [v.rank for v in running], rec.pg, rec.seq)
+        busy = [v for v in running if v.current is None]
+        if busy and inside:
+            return _slow(busy, inside, bound)
+        where = "; ".join(f"rank {v.rank} at {_stack_top(v.stack) or 'unknown'}" for v in running[:4])
+        return Diagnosis(TIMEOUT, f"the test exceeded its {bound:g} s bound outside any collective "
+                         f"({where})", [v.rank for v in running])
+    statuses = {v.status for v in ranks}
+    if RANK_SKIPPED in statuses and len(statuses) > 1:
+        skipped = [v.rank for v in ranks if v.status == RANK_SKIPPED]
+        others = [v.rank for v in ranks if v.status != RANK_SKIPPED]
+        return Diagnosis(SKIP_MISMATCH, f"pytest.skip was called on {_rank_list(skipped)} only "
+                         f"({ranks[skipped[0]].message}); {_rank_list(others)} did not skip: "
+                         "skip on every rank or on none", skipped)
+    return None
+
+
+def _others(group: list[RankView], first: RankView) -> str:
+    rest = [v for v in group if v is not first]
+    if not rest:
+        return ""
+    return "; also " + ", ".join(f"rank {v.rank} {v.exit_description}" for v in rest[:3])
+
+
+def _waiting_summary(ranks: list[RankView]) -> str:
+    waiting = [v for v in ranks if v.status == RANK_RUNNING and v.current is not None]
+    if not waiting:
+        return ""
+    rec = waiting[0].current
+    return f"; {_rank_list([v.rank for v in waiting])} wait{'s' if len(waiting) == 1 else ''} in {_where(rec)}"
+
+
+def _raised(failed: list[RankView], ranks: list[RankView]) -> Diagnosis:
+    by_message: dict[str, list[int]] = {}
+    for v in failed:
+        by_message.setdefault(v.message or v.exc_type, []).append(v.rank)
+    parts = [f"{_rank_list(rs)} raised {msg}" for msg, rs in by_message.items()]
+    return Diagnosis(RAISED, "; ".join(parts[:3]) + _waiting_summary(ranks), [v.rank for v in failed])
+
+
+def _mismatch(div: Divergence, ranks: list[RankView]) -> Diagnosis:
+    recs = div.records
+    if div.kind == OP_MISMATCH:
+        detail = ", ".join(f"rank {r} {rec.op}" for r, rec in sorted(recs.items()))
+        what = f"op mismatch at collective #{div.seq} of group {div.pg}: {detail}"
+    else:
+        attr = "dtype" if div.kind == DTYPE_MISMATCH else "shapes"
+        groups: dict[str, list[int]] = {}
+        for r, rec in sorted(recs.items()):
+            groups.setdefault(getattr(rec, attr), []).append(r)
+        detail = ", ".join(f"{_rank_list(rs)} {value or '?'}" for value, rs in groups.items())
+        op = next(iter(recs.values())).op
+        what = f"{'dtype' if attr == 'dtype' else 'shape'} mismatch in {op} #{div.seq} of group {div.pg}: {detail}"
+    site = short_site(next(iter(recs.values())).site, 2)
+    if site:
+        what += f" (from {site})"
+    consequences = []
+    for r, rec in sorted(recs.items()):
+        view = ranks[r]
+        if view.status == RANK_DEAD:
+            consequences.append(f"rank {r} {view.exit_description} inside it")
+        elif view.status == RANK_FAILED:
+            consequences.append(f"rank {r} raised {view.message[:120]}")
+    if div.absent:
+        consequences.append(f"{_rank_list(div.absent)} never entered it")
+    if not consequences and all(not rec.pending for rec in recs.values()):
+        consequences.append("gloo completed it without an error: the gathered data is wrong")
+    if consequences:
+        what += "; " + "; ".join(consequences)
+    # the rank(s) whose value differs from the majority
+    values: dict = {}
+    for r, rec in recs.items():
+        values.setdefault(rec.signature, []).append(r)
+    odd = min(values.values(), key=len) if len(values) > 1 else []
+    return Diagnosis(div.kind, what, sorted(odd), div.pg, div.seq, div)
+
+
+def _absent(div: Divergence, ranks: list[RankView], reason: str, bound: float) -> Diagnosis:
+    waiting_recs = div.records
+    rec = min(waiting_recs.values(), key=lambda r: r.t_start)
+    absent = [ranks[r] for r in div.absent]
+    # the rank that left first decides the headline
+    first = min(absent, key=lambda v: (v.finished_at if v.finished_at is not None else float("inf"), v.rank))
+    state = _state_of(first, div.pg)
+    waiting = sorted(waiting_recs)
+    verb = "wait" if len(waiting) > 1 else "waits"
+    if reason == "timeout" and first.status == RANK_RUNNING:
+        verb = "waited" + f" for the whole {bound:g} s bound"
+    headline = f"rank {first.rank} {state}; {_rank_list(waiting)} {verb} in {_where(rec)}"
+    others = [v for v in absent if v is not first]
+    if others:
+        headline += "; also " + "; ".join(f"rank {v.rank} {_state_of(v, div.pg)}" for v in others[:2])
+    if first.status == RANK_DEAD:
+        kind = DIED
+    elif first.status == RANK_FAILED:
+        kind = RAISED
+    elif first.status == RANK_RUNNING:
+        cur = first.current
+        kind = GROUP_MISMATCH if cur is not None else SLOW_RANK
+        if kind == SLOW_RANK:
+            headline = "slow rank: " + headline
+    else:
+        kind = RANK_LEFT
+    return Diagnosis(kind, headline, [first.rank], div.pg, div.seq, div)
+
+
+def _slow(busy: list[RankView], inside: list[RankView], bound: float) -> Diagnosis:
+    rec = inside[0].current
+    tops = "; ".join(f"rank {v.rank} at {_stack_top(v.stack) or 'unknown'}" for v in busy[:3])
+    return Diagnosis(SLOW_RANK, f"slow rank: {_rank_list([v.rank for v in busy])} busy outside any "
+                     f"collective ({tops}); {_rank_list([v.rank for v in inside])} waited for the whole "
+                     f"{bound:g} s bound in {_where(rec)}", [v.rank for v in busy], rec.pg, rec.seq)

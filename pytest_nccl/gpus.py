@@ -1,0 +1,57 @@
+"""GPU leases for NCCL groups: two groups (xdist workers, or two pytest sessions) never share a
+device. A lease is an exclusive ``flock`` on one file per device; the kernel drops it when the
+holder dies, so a crashed session never leaves a device locked."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+import time
+
+
+class Lease:
+    def __init__(self, ids: list[int], files: list):
+        self.ids, self._files = ids, files
+
+    def release(self) -> None:
+        for f in self._files:
+            try:
+                fcntl.flock(f, fcntl.LOCK_UN)
+            finally:
+                f.close()
+        self._files = []
+
+
+class GpuLeaser:
+    def __init__(self, device_count: int, lock_dir: str | None = None):
+        self.device_count = device_count
+        self.lock_dir = lock_dir or os.path.join(tempfile.gettempdir(), f"pytest-nccl-gpus-{os.getuid()}")
+        os.makedirs(self.lock_dir, exist_ok=True)
+
+    def try_acquire(self, n: int) -> Lease | None:
+        taken = []
+        for i in range(self.device_count):
+            f = open(os.path.join(self.lock_dir, f"gpu{i}.lock"), "a")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                f.close()
+                continue
+            taken.append((i, f))
+            if len(taken) == n:
+                return Lease([i for i, _ in taken], [f for _, f in taken])
+        Lease([], [f for _, f in taken]).release()
+        return None
+
+    def acquire(self, n: int, deadline: float) -> Lease:
+        if n > self.device_count:
+            raise ValueError(f"{n} GPUs requested, {self.device_count} present")
+        while True:
+            lease = self.try_acquire(n)
+            if lease is not None:
+                return lease
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"no {n} free GPUs of {self.device_count} before the bound "
+                                   "(other pytest-nccl groups hold them)")
+            time.sleep(0.2)

@@ -1,0 +1,576 @@
+"""Controller side: start ranks, send them a call, watch them, enforce the bound, tear them down.
+
+The shape follows xdist's ``workermanage.py`` (start and watch workers) and ``dsession.py`` (the
+loop). One ``Zygote`` (fork server) per pytest process; one live ``RankGroup`` at a time, kept warm
+after a passing call and replaced after a failed one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+
+from . import protocol
+from .errors import RankSetupError
+from .journal import read_journal
+from .protocol import Call, Outcome
+from .records import (RANK_DEAD, RANK_FAILED, RANK_NOT_STARTED, RANK_PASSED, RANK_RUNNING,
+                      RANK_SKIPPED, RANK_XFAILED, RankView)
+
+# How long the controller gives ranks once the call is decided (a rank failed, or the bound hit)
+GRACE_AFTER_FAILURE = 1.0     # for the other ranks to finish or report their own error
+DUMP_WAIT = 1.0               # for stuck ranks to answer a stack / Flight Recorder request
+TERM_WAIT = 0.5               # between SIGTERM and SIGKILL
+POLL = 0.05                   # how often a call's journals are checked for an unmatchable wait
+ZYGOTE_START_TIMEOUT = 300.0
+# The process group's own timeout is the test's bound plus this margin: no 30-minute default wait,
+# and our bound (which started earlier) still fires first, so the report is ours, not gloo's
+# "Timed out waiting 5000ms for send operation to complete".
+PG_TIMEOUT_MARGIN = 10.0  # first start imports torch and every preloaded test module
+
+
+def signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+class Zygote:
+    """Client of the fork server (``zygote.py``)."""
+
+    def __init__(self, workdir: str, preload: list, env: dict, trace: bool, count_gpus: bool):
+        self.workdir = workdir
+        self.exits: dict[int, int] = {}  # pid -> raw wait status, as the zygote reports them
+        self.imported: set = {name for name, _ in preload}
+        parent_sock, child_sock = socket.socketpair()
+        self.log_path = os.path.join(workdir, "zygote.log")
+        log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest_nccl.zygote", str(child_sock.fileno()), str(os.getpid())],
+            pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            env=os.environ.copy())
+        log.close()
+        child_sock.close()
+        self.conn = Connection(parent_sock.detach())
+        self.conn.send({"sys_path": list(sys.path), "env": env, "trace": trace,
+                        "preload": list(preload), "count_gpus": count_gpus})
+        self.info = self._reply("ready", ZYGOTE_START_TIMEOUT)[1]
+
+    def _log_tail(self) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()[-2000:]
+        except OSError:
+            return ""
+
+    def _reply(self, kind: str, timeout: float):
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.conn.poll(left):
+                raise RankSetupError(f"the fork server did not answer '{kind}' within {timeout:.0f} s"
+                                     f"\n{self._log_tail()}")
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                raise RankSetupError(f"the fork server exited (code {self.proc.poll()}):\n"
+                                     f"{self._log_tail()}") from None
+            if msg[0] == "exited":
+                self.exits[msg[1]] = msg[2]
+            elif msg[0] == kind:
+                return msg
+
+    def drain(self) -> None:
+        """Take in exit reports that arrived while nobody asked."""
+        try:
+            while self.conn.poll(0):
+                msg = self.conn.recv()
+                if msg[0] == "exited":
+                    self.exits[msg[1]] = msg[2]
+        except (EOFError, OSError):
+            pass
+
+    def import_modules(self, modules: list) -> list[str]:
+        todo = [(n, p) for n, p in modules if n not in self.imported]
+        if not todo:
+            return []
+        self.conn.send(("import", todo, list(sys.path)))
+        self.imported.update(n for n, _ in todo)
+        return self._reply("imported", ZYGOTE_START_TIMEOUT)[1]
+
+    def fork(self, spec: dict) -> int:
+        self.conn.send(("fork", spec))
+        return self._reply("forked", 30)[1]
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(2)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@dataclass
+class CallResult:
+    """What the controller learned from one call on every rank."""
+    ranks: list[RankView]
+    reason: str                # "completed" | "decided" (failure seen, others given grace) | "timeout"
+    outcomes: dict = field(default_factory=dict)  # rank -> Outcome
+    elapsed: float = 0.0
+    bound: float = 0.0
+    fr_json: dict = field(default_factory=dict)   # rank -> Flight Recorder JSON text
+    fr_pickle: dict = field(default_factory=dict)  # rank -> Flight Recorder dump (fr_trace's format)
+
+    @property
+    def all_passed(self) -> bool:
+        return all(v.status == RANK_PASSED for v in self.ranks)
+
+
+_STATUS = {protocol.PASSED: RANK_PASSED, protocol.FAILED: RANK_FAILED, protocol.SKIPPED: RANK_SKIPPED,
+           protocol.XFAILED: RANK_XFAILED, protocol.ERROR: RANK_FAILED}
+
+
+class RankGroup:
+    """N rank processes joined in one torch.distributed group."""
+
+    _ids = itertools.count()
+
+    def __init__(self, zygote: Zygote, world: int, backend: str, timeout: float, workdir: str,
+                 gpu_ids: list | None = None, rank_env: dict | None = None):
+        self.zygote, self.world, self.backend, self.timeout = zygote, world, backend, timeout
+        self.key = (world, backend, timeout)
+        self.gid = next(self._ids)
+        self.dir = tempfile.mkdtemp(prefix=f"g{self.gid}-", dir=workdir)
+        self.gpu_ids = gpu_ids
+        self.pids: dict[int, int] = {}
+        self.conns: dict[int, Connection] = {}
+        self.calls = itertools.count(1)
+        self.healthy = False
+        self.used = False
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.control_path = os.path.join(self.dir, "control.sock")
+        self._listener.bind(self.control_path)
+        self._listener.listen(world)
+        self.rank_env = dict(rank_env or {})
+        if gpu_ids is not None:
+            self.rank_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids))
+        self.joined: set = set()
+        self.setup_errors: dict[int, str] = {}
+
+    # -- files each rank writes, readable after it died --------------------------------------
+    def output_path(self, rank: int) -> str:
+        return os.path.join(self.dir, f"rank{rank}.out")
+
+    def stack_path(self, rank: int) -> str:
+        return os.path.join(self.dir, f"rank{rank}.stack")
+
+    def start(self, deadline: float) -> None:
+        """Fork the ranks and wait until every one joined the process group. Raise RankSetupError
+        naming the ranks that did not join, and why, at the deadline at the latest."""
+        master_port = _free_loopback_port()
+        for rank in range(self.world):
+            spec = {"rank": rank, "local_rank": rank, "world": self.world, "local_world": self.world,
+                    "backend": self.backend, "pg_timeout": self.timeout + PG_TIMEOUT_MARGIN,
+                    "store_path": os.path.join(self.dir, "store"), "control_path": self.control_path,
+                    "output_path": self.output_path(rank), "stack_path": self.stack_path(rank),
+                    "master_addr": "127.0.0.1", "master_port": master_port, "env": self.rank_env,
+                    "run_id": f"pytest-nccl-{os.getpid()}-{self.gid}"}
+            self.pids[rank] = self.zygote.fork(spec)
+        pending_socks: list[socket.socket] = []
+        hello: dict = {}
+        while len(self.joined) + len(self.setup_errors) < self.world:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            waitables = [self._listener, *pending_socks, *hello, self.zygote.conn]
+            for ready in wait(waitables, timeout=min(left, 0.5)):
+                if ready is self._listener:
+                    sock, _ = self._listener.accept()
+                    hello[Connection(sock.detach())] = None
+                elif ready is self.zygote.conn:
+                    self.zygote.drain()
+                else:
+                    try:
+                        msg = ready.recv()
+                    except (EOFError, OSError):
+                        hello.pop(ready, None)
+                        continue
+                    if msg[0] == "hello":
+                        hello[ready] = msg[1]
+                        self.conns[msg[1]] = ready
+                    elif msg[0] == "joined":
+                        self.joined.add(msg[1])
+                    elif msg[0] == "setup-error":
+                        self.setup_errors[msg[1]] = msg[2]
+            if self._dead_ranks() - self.joined:
+                # a rank died before joining: the others will wait for it until the bound
+                time.sleep(0.05)
+                self.zygote.drain()
+                break
+        if len(self.joined) == self.world:
+            self.healthy = True
+            return
+        raise RankSetupError(self._join_failure())
+
+    def _dead_ranks(self) -> set:
+        return {r for r, pid in self.pids.items() if pid in self.zygote.exits}
+
+    def _join_failure(self) -> str:
+        self.zygote.drain()
+        missing = []
+        for rank in range(self.world):
+            if rank in self.joined:
+                continue
+            why = self.setup_errors.get(rank)
+            if why is None:
+                status = self.zygote.exits.get(self.pids.get(rank, -1))
+                why = describe_wait_status(status) if status is not None else "still waiting"
+            tail = _tail(self.output_path(rank), 3)
+            missing.append(f"rank {rank} ({why}{'; last output: ' + tail if tail else ''})")
+        return (f"{len(self.joined)}/{self.world} ranks joined the {self.backend} group; "
+                f"missing: {', '.join(missing)}")
+
+    # -- one call -----------------------------------------------------------------------------
+    def run(self, call: Call, bound: float) -> CallResult:
+        self.used = True
+        call.call_id = next(self.calls)
+        t0 = time.monotonic()
+        deadline = t0 + bound
+        offsets = {r: _size(self.output_path(r)) for r in range(self.world)}
+        views = {r: RankView(r) for r in range(self.world)}
+        outcomes: dict[int, Outcome] = {}
+        for rank, conn in self.conns.items():
+            try:
+                conn.send(("call", call))
+            except OSError:
+                pass
+        live = dict(self.conns)
+        reason = "completed"
+        decided_at = None
+        next_check = t0 + POLL
+        while live:
+            now = time.monotonic()
+            if now >= deadline:
+                reason = "timeout"
+                break
+            if decided_at is not None and now >= decided_at + GRACE_AFTER_FAILURE:
+                reason = "decided"
+                break
+            ready = wait([*live.values(), self.zygote.conn], timeout=max(0.0, min(deadline, next_check) - now))
+            for obj in ready:
+                if obj is self.zygote.conn:
+                    self.zygote.drain()
+                    continue
+                rank = next(r for r, c in live.items() if c is obj)
+                try:
+                    msg = obj.recv()
+                except (EOFError, OSError):
+                    del live[rank]
+                    views[rank].status = RANK_DEAD
+                    views[rank].finished_at = time.monotonic() - t0
+                    decided_at = decided_at or time.monotonic()
+                    continue
+                if msg[0] == "outcome" and msg[1].call_id == call.call_id:
+                    out = msg[1]
+                    outcomes[rank] = out
+                    views[rank].status = _STATUS[out.status]
+                    views[rank].finished_at = time.monotonic() - t0
+                    del live[rank]
+                    if out.status in (protocol.FAILED, protocol.ERROR):
+                        decided_at = decided_at or time.monotonic()
+            if live and len(live) < self.world and time.monotonic() >= next_check:
+                next_check = time.monotonic() + POLL
+                if call.trace and _waits_for_a_finished_rank(self._journals(call, views), live):
+                    reason = "decided"
+                    break
+        if live:
+            self._collect_stuck(live, views, call)
+        result = CallResult(ranks=[views[r] for r in range(self.world)], reason=reason,
+                            outcomes=outcomes, elapsed=time.monotonic() - t0, bound=bound)
+        if reason != "completed" or any(v.status != RANK_PASSED for v in result.ranks):
+            self.healthy = False
+        if not self.healthy:
+            self.kill()
+        for rank, view in views.items():
+            out = outcomes.get(rank)
+            if out is not None:
+                view.exc_type, view.exc_text, view.message = out.exc_type, out.exc_text, out.message
+                if not out.initialized:
+                    self.healthy = False  # the test destroyed the default group: start afresh next time
+            view.output = _read_from(self.output_path(rank), offsets[rank])
+            if call.trace:
+                view.records = read_journal(os.path.join(call.journal_dir, f"journal-{rank}.txt"), rank)
+        self._fill_exit_statuses(views)
+        result.fr_json, result.fr_pickle = getattr(self, "_fr_json", {}), getattr(self, "_fr_pickle", {})
+        self._fr_json, self._fr_pickle = {}, {}
+        if not self.healthy and self.pids:
+            self.kill()
+        return result
+
+    def _journals(self, call: Call, views) -> dict:
+        return {r: read_journal(os.path.join(call.journal_dir, f"journal-{r}.txt"), r) for r in views}
+
+    def _collect_stuck(self, live: dict, views: dict, call: Call) -> None:
+        """Ask ranks that are still running for their stacks and Flight Recorder: the reader thread
+        answers while the main thread waits in a collective. Where it cannot (the GIL is held in C
+        code), faulthandler writes the stacks on SIGUSR1."""
+        self._fr_json, self._fr_pickle = {}, {}
+        for rank, conn in live.items():
+            views[rank].status = RANK_RUNNING
+            try:
+                conn.send(("dump",))
+            except OSError:
+                pass
+        waiting = dict(live)
+        deadline = time.monotonic() + DUMP_WAIT
+        while waiting and time.monotonic() < deadline:
+            for obj in wait(list(waiting.values()), timeout=max(0.0, deadline - time.monotonic())):
+                rank = next(r for r, c in waiting.items() if c is obj)
+                try:
+                    msg = obj.recv()
+                except (EOFError, OSError):
+                    views[rank].status = RANK_DEAD
+                    del waiting[rank]
+                    continue
+                if msg[0] == "dump":
+                    views[rank].stack = msg[2]
+                    if msg[3]:
+                        self._fr_json[rank] = msg[3]
+                    if msg[4]:
+                        self._fr_pickle[rank] = msg[4]
+                    del waiting[rank]
+                elif msg[0] == "outcome" and msg[1].call_id == call.call_id:
+                    # it finished after all, while we asked: keep its outcome
+                    views[rank].status = _STATUS[msg[1].status]
+        for rank in waiting:
+            pid = self.pids.get(rank)
+            if pid:
+                try:
+                    os.kill(pid, signal.SIGUSR1)
+                except OSError:
+                    pass
+        if waiting:
+            time.sleep(0.2)
+            for rank in waiting:
+                views[rank].stack = _read_from(self.stack_path(rank), 0)[-6000:]
+        self.healthy = False
+
+    def _fill_exit_statuses(self, views: dict) -> None:
+        dead = [r for r, v in views.items() if v.status == RANK_DEAD]
+        deadline = time.monotonic() + 1.0
+        while dead and time.monotonic() < deadline:
+            self.zygote.drain()
+            if all(self.pids.get(r) in self.zygote.exits for r in dead):
+                break
+            time.sleep(0.01)
+        for r in dead:
+            status = self.zygote.exits.get(self.pids.get(r, -1))
+            if status is None:
+                continue
+            if os.WIFSIGNALED(status):
+                views[r].signal_name = signal_name(os.WTERMSIG(status))
+            elif os.WIFEXITED(status):
+                views[r].exit_code = os.WEXITSTATUS(status)
+
+    def health_check(self, bound: float = 5.0) -> bool:
+        result = self.run(Call(0, protocol.KIND_HEALTH, trace=False), bound)
+        return self.healthy and result.all_passed
+
+    def kill(self) -> None:
+        """SIGTERM each rank's process group, then SIGKILL whatever is left."""
+        self.healthy = False
+        for conn in self.conns.values():
+            try:
+                conn.close()
+            except OSError:
+                pass
+        self.conns.clear()
+        pids = [pid for pid in self.pids.values() if pid not in self.zygote.exits]
+        for pid in pids:
+            _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + TERM_WAIT
+        while pids and time.monotonic() < deadline:
+            self.zygote.drain()
+            pids = [pid for pid in pids if pid not in self.zygote.exits]
+            if pids:
+                self.zygote.conn.poll(0.01)
+        for pid in self.pids.values():
+            _signal_group(pid, signal.SIGKILL)  # also reaches what a rank started (its session)
+        # our own files are left to the session's work directory cleanup
+        try:
+            self._listener.close()
+        except OSError:
+            pass
+
+
+def _waits_for_a_finished_rank(journals: dict, live: dict) -> bool:
+    """True when a running rank sits in collective #k of a group while a finished or dead member of
+    that group never completed its #k there: it can never be matched."""
+    finished = [r for r in journals if r not in live]
+    for rank in live:
+        current = None
+        for rec in reversed(journals[rank]):
+            if rec.pending and (not rec.async_op or rec.state == "waiting"):
+                current = rec
+                break
+        if current is None or current.pg.endswith(":p2p"):
+            continue
+        members = _members(current.pg, len(journals))
+        for other in finished:
+            if other not in members:
+                continue
+            theirs = [r for r in journals[other] if r.pg == current.pg]
+            # never reached it, or left it without completing it (raised or died inside)
+            if len(theirs) < current.seq or theirs[current.seq - 1].pending:
+                return True
+    return False
+
+
+def _members(pg: str, world: int) -> set:
+    if pg == "default":
+        return set(range(world))
+    inside = pg[pg.find("[") + 1: pg.find("]")] if "[" in pg else ""
+    if inside and not inside.endswith("..."):
+        try:
+            return {int(x) for x in inside.split(",")}
+        except ValueError:
+            pass
+    return set(range(world))
+
+
+def describe_wait_status(status: int) -> str:
+    if status < 0:
+        return "exited"
+    if os.WIFSIGNALED(status):
+        return f"killed by {signal_name(os.WTERMSIG(status))}"
+    return f"exited with code {os.WEXITSTATUS(status)}"
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except OSError:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def _free_loopback_port() -> int:
+    # MASTER_PORT for code that reads it (extra groups a test creates); nothing of ours listens
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _read_from(path: str, offset: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(200_000).decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _tail(path: str, lines: int) -> str:
+    text = _read_from(path, max(0, _size(path) - 4000)).strip().splitlines()
+    return " | ".join(text[-lines:])[:300]
+
+
+class GroupPool:
+    """One fork server and at most one live group per pytest process."""
+
+    def __init__(self, workdir_parent: str | None, preload: list, trace: bool, count_gpus: bool,
+                 gpu_leaser=None):
+        self.workdir = tempfile.mkdtemp(prefix="pytest-nccl-", dir=workdir_parent)
+        self.preload = list(preload)
+        self.trace = trace
+        self.count_gpus = count_gpus
+        self.zygote: Zygote | None = None
+        self.group: RankGroup | None = None
+        self.gpu_leaser = gpu_leaser
+        self.lease = None
+        self.calls = 0
+
+    def ensure_zygote(self) -> Zygote:
+        if self.zygote is None or self.zygote.proc.poll() is not None:
+            env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+                   "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "false")}
+            if self.trace:
+                env.setdefault("TORCH_FR_BUFFER_SIZE", os.environ.get("TORCH_FR_BUFFER_SIZE", "2000"))
+            if self.group is not None:
+                self.group.kill()
+                self.group = None
+            self.zygote = Zygote(self.workdir, self.preload, env, self.trace, self.count_gpus)
+        return self.zygote
+
+    def get(self, world: int, backend: str, timeout: float, deadline: float) -> RankGroup:
+        """A healthy group of this shape: the warm one after a health check, else a fresh one."""
+        zygote = self.ensure_zygote()
+        key = (world, backend, timeout)
+        if self.group is not None:
+            if self.group.key == key and self.group.healthy:
+                if not self.group.used or self.group.health_check(min(5.0, max(0.5, deadline - time.monotonic()))):
+                    return self.group
+            self.release()
+        gpu_ids = None
+        if backend == "nccl" and self.gpu_leaser is not None:
+            self.lease = self.gpu_leaser.acquire(world, deadline)
+            gpu_ids = self.lease.ids
+        self.group = RankGroup(zygote, world, backend, timeout, self.workdir, gpu_ids)
+        try:
+            self.group.start(deadline)
+        except BaseException:
+            self.release()
+            raise
+        return self.group
+
+    def release(self) -> None:
+        if self.group is not None:
+            self.group.kill()
+            shutil.rmtree(self.group.dir, ignore_errors=True)
+            self.group = None
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
+
+    def new_call_dir(self) -> str:
+        self.calls += 1
+        path = os.path.join(self.workdir, f"call{self.calls}")
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def close(self) -> None:
+        self.release()
+        if self.zygote is not None:
+            self.zygote.close()
+            self.zygote = None
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def pickle_payload(args: tuple, kwargs: dict) -> bytes:
+    return pickle.dumps((args, kwargs))

@@ -1,0 +1,264 @@
+"""Rank side: the main loop of one rank process, forked from the fork server (``zygote.py``).
+
+Like xdist's ``remote.py`` it imports nothing of the controller side: only torch, the standard
+library and the rank-side modules (protocol, journal, tracer). It sets the environment as torchrun
+would, creates the process group itself with the test's bound as timeout (so accelerate,
+transformers and DeepSpeed reuse it instead of waiting 30 minutes), then runs calls until told to
+exit. A reader thread answers "dump" requests (stacks of all threads, Flight Recorder) while the
+main thread may be stuck inside a collective: those release the GIL while they wait.
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime
+import faulthandler
+import importlib
+import os
+import pickle
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+import types
+from multiprocessing.connection import Connection
+
+from . import protocol, tracer
+from .protocol import Call, Outcome
+
+_send_lock = threading.Lock()
+
+
+def _send(conn: Connection, msg) -> None:
+    with _send_lock:
+        conn.send(msg)
+
+
+def format_all_stacks() -> str:
+    """Python stacks of every thread but the reader, innermost frame last (like a traceback)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    me = threading.get_ident()
+    parts = []
+    for ident, frame in sys._current_frames().items():
+        if ident == me:
+            continue
+        frames = [f for f in traceback.extract_stack(frame) if f.filename != tracer.__file__]
+        parts.append(f"Thread {names.get(ident, ident)}:\n" + "".join(traceback.format_list(frames)))
+    return "\n".join(parts)
+
+
+def _reader(conn: Connection, calls: queue.Queue, rank: int) -> None:
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            os._exit(70)  # the controller is gone: a rank must never outlive it
+        if msg[0] == "dump":
+            _send(conn, ("dump", rank, format_all_stacks(), tracer.flight_recorder_json(),
+                         tracer.flight_recorder_pickle()))
+        elif msg[0] == "exit":
+            os._exit(0)
+        else:
+            calls.put(msg)
+
+
+def load_module(name: str, path: str):
+    """Import a test module the way pytest did (with assertion rewriting), under the same name."""
+    mod = sys.modules.get(name)
+    if mod is not None:
+        return mod
+    if not path or not os.path.exists(path):
+        return importlib.import_module(name)
+    if "." in name:
+        try:
+            importlib.import_module(name.rpartition(".")[0])
+        except ImportError:
+            pass
+    with open(path, "rb") as f:
+        source = f.read()
+    try:
+        from _pytest.assertion.rewrite import rewrite_asserts
+        tree = ast.parse(source, filename=path)
+        rewrite_asserts(tree, source, path)
+        code = compile(tree, path, "exec", dont_inherit=True)
+    except Exception:
+        code = compile(source, path, "exec", dont_inherit=True)
+    mod = types.ModuleType(name)
+    mod.__file__ = path
+    sys.modules[name] = mod
+    try:
+        exec(code, mod.__dict__)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return mod
+
+
+def resolve(call: Call):
+    for entry in call.sys_path:
+        if entry not in sys.path:
+            sys.path.append(entry)
+    obj = load_module(call.module, call.path)
+    head, _, rest = call.qualname.partition(".")
+    obj = getattr(obj, head)
+    if rest:
+        # a test method: pytest calls it on a fresh instance of its class
+        obj = getattr(obj(), rest)
+    return obj
+
+
+def _classify(exc: BaseException) -> str:
+    # pytest's outcome exceptions, recognized by name so that a rank never needs pytest imported
+    name = type(exc).__name__
+    if name == "Skipped":
+        return protocol.SKIPPED
+    if name == "XFailed":
+        return protocol.XFAILED
+    return protocol.FAILED
+
+
+_HARNESS_FILES = (__file__, tracer.__file__)
+
+
+def _format_exception(exc: BaseException) -> str:
+    """The traceback without our frames (run_call, the tracer's wrappers): the user's and torch's."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename not in _HARNESS_FILES]
+    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames),
+             *traceback.format_exception_only(type(exc), exc)]
+    return "".join(lines)
+
+
+def _health_check() -> None:
+    import torch
+    import torch.distributed as dist
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    if int(t.item()) != dist.get_world_size():
+        raise RuntimeError(f"health check: all_reduce gave {t.item()}")
+
+
+def _rank_fixtures(names, rank: int) -> dict:
+    """Values of the fixtures that only exist inside a rank."""
+    if not names:
+        return {}
+    import torch
+    import torch.distributed as dist
+    backend = dist.get_backend()
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    values = {"rank": rank, "world_size": dist.get_world_size(), "backend": backend,
+              "device": torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")}
+    return {name: values[name] for name in names}
+
+
+def run_call(call: Call, rank: int) -> Outcome:
+    import torch.distributed as dist
+    start = time.perf_counter()
+    if call.kind == protocol.KIND_HEALTH:
+        try:
+            _health_check()
+            return Outcome(call.call_id, rank, protocol.PASSED)
+        except BaseException as exc:
+            return Outcome(call.call_id, rank, protocol.ERROR, message=f"health check failed: {exc}")
+    try:
+        fn = resolve(call)
+        args, kwargs = pickle.loads(call.payload) if call.payload else ((), {})
+        kwargs.update(_rank_fixtures(call.rank_args, rank))
+    except BaseException as exc:
+        return Outcome(call.call_id, rank, protocol.ERROR, exc_type=type(exc).__name__,
+                       exc_text=_format_exception(exc),
+                       message=f"cannot load {call.module}.{call.qualname} in rank {rank}: "
+                               f"{type(exc).__name__}: {exc}")
+    if call.trace:
+        tracer.start(os.path.join(call.journal_dir, f"journal-{rank}.txt"))
+    status, value, exc_type, exc_text, message = protocol.PASSED, None, "", "", ""
+    try:
+        value = fn(*args, **kwargs)
+    except SystemExit as exc:
+        # sys.exit() in a test body ends the rank like os._exit would: report it as an exit
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    except BaseException as exc:
+        status, exc_type = _classify(exc), type(exc).__name__
+        exc_text = _format_exception(exc) if status == protocol.FAILED else ""
+        message = (str(getattr(exc, "msg", "")) or str(exc)).strip().split("\n")[0][:300]
+        if status == protocol.FAILED:
+            message = f"{exc_type}: {message}" if message else exc_type
+    finally:
+        digest = tracer.stop() if call.trace else {}
+    payload = b""
+    if call.kind == protocol.KIND_FUNCTION and status == protocol.PASSED:
+        try:
+            payload = pickle.dumps(value)
+        except Exception as exc:
+            status, exc_type = protocol.ERROR, type(exc).__name__
+            message = (f"rank {rank} returned a value that cannot be pickled "
+                       f"({type(value).__name__}): {type(exc).__name__}: {exc}")
+    return Outcome(call.call_id, rank, status, value=payload, exc_type=exc_type, exc_text=exc_text,
+                   message=message, digest=digest, initialized=dist.is_initialized(),
+                   duration=time.perf_counter() - start)
+
+
+def _set_environment(spec: dict) -> None:
+    rank = spec["rank"]
+    os.environ.update({
+        "RANK": str(rank), "LOCAL_RANK": str(spec["local_rank"]), "WORLD_SIZE": str(spec["world"]),
+        "LOCAL_WORLD_SIZE": str(spec["local_world"]), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+        "MASTER_ADDR": spec["master_addr"], "MASTER_PORT": str(spec["master_port"]),
+        "TORCHELASTIC_RUN_ID": spec.get("run_id", "pytest-nccl"),
+    })
+    os.environ.update(spec.get("env", {}))
+
+
+def main(spec: dict) -> None:
+    """Entry point in the forked child. Never returns."""
+    rank = spec["rank"]
+    out_fd = os.open(spec["output_path"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+    os.dup2(out_fd, 1)
+    os.dup2(out_fd, 2)
+    os.close(out_fd)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(write_through=True)
+        except Exception:
+            pass
+    stack_file = open(spec["stack_path"], "w")
+    faulthandler.enable(file=stack_file, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    _set_environment(spec)
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(spec["control_path"])
+    conn = Connection(sock.detach())
+    _send(conn, ("hello", rank, os.getpid()))
+
+    import torch
+    import torch.distributed as dist
+    try:
+        timeout = datetime.timedelta(seconds=spec["pg_timeout"])
+        store = dist.FileStore(spec["store_path"], spec["world"])
+        kwargs = {}
+        if spec["backend"] == "nccl":
+            torch.cuda.set_device(spec["local_rank"])
+            kwargs["device_id"] = torch.device("cuda", spec["local_rank"])
+        dist.init_process_group(spec["backend"], store=store, rank=rank, world_size=spec["world"],
+                                timeout=timeout, **kwargs)
+    except BaseException as exc:
+        _send(conn, ("setup-error", rank, f"{type(exc).__name__}: {exc}"))
+        os._exit(71)
+    _send(conn, ("joined", rank))
+
+    calls: queue.Queue = queue.Queue()
+    threading.Thread(target=_reader, args=(conn, calls, rank), name="pytest-nccl-reader",
+                     daemon=True).start()
+    while True:
+        msg = calls.get()
+        if msg[0] == "call":
+            outcome = run_call(msg[1], rank)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            _send(conn, ("outcome", outcome))

@@ -1,0 +1,93 @@
+"""Plain data shared by the journal reader, the diagnosis and the report: no torch, no processes.
+
+Modelled on torch's flight_recorder ``components/types.py``: the analysis works on these records,
+so it can be tested on hand-written data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Ops whose tensors must agree across ranks at the same sequence number (what NCCL and gloo need
+# for the collective to complete). Others (gather/scatter lists, all_to_all, object collectives)
+# legitimately carry per-rank shapes: only the op name is compared for them.
+SHAPE_MATCHED_OPS = frozenset({
+    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base",
+    "all_gather_coalesced", "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base",
+    "all_reduce_coalesced", "gather", "scatter",
+})
+P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "send_object_list", "recv_object_list",
+                     "batch_isend_irecv"})
+
+ENTERED, COMPLETED, WAITING = "entered", "completed", "waiting"
+
+
+@dataclass
+class CollectiveRecord:
+    """One collective as one rank issued it."""
+    rank: int
+    pg: str                 # process group label, "default" for the world group
+    seq: int                # 1-based, per test and per process group, as this rank issued them
+    op: str
+    shapes: str = ""        # the tensors this rank contributes, e.g. "[2, 7, 32]" or "[3]x2"
+    dtype: str = ""
+    async_op: bool = False
+    site: str = ""          # "file:line <- file:line", first frames outside torch and pytest_nccl
+    state: str = ENTERED    # entered (pending), waiting (in Work.wait), completed
+    t_start: float = 0.0    # seconds since the call started
+    duration: float | None = None
+    source: str = "python"  # python | flight-recorder (C++-issued: DDP reducer, functional collectives)
+    fr_seq: int | None = None  # the process group's own sequence id (Flight Recorder's collective_seq_id)
+
+    @property
+    def signature(self) -> tuple:
+        """What must agree across ranks for this collective to complete."""
+        if self.op in SHAPE_MATCHED_OPS:
+            return (self.op, self.shapes, self.dtype)
+        return (self.op,)
+
+    @property
+    def pending(self) -> bool:
+        return self.state != COMPLETED
+
+
+# Where a rank is when the call ends or is cut off.
+RANK_PASSED, RANK_FAILED, RANK_SKIPPED, RANK_XFAILED = "passed", "failed", "skipped", "xfailed"
+RANK_RUNNING, RANK_DEAD, RANK_NOT_STARTED = "running", "dead", "not-started"
+
+
+@dataclass
+class RankView:
+    """Everything the controller knows about one rank after a call."""
+    rank: int
+    status: str = RANK_RUNNING
+    records: list[CollectiveRecord] = field(default_factory=list)
+    exit_code: int | None = None       # for dead ranks: the exit status
+    signal_name: str | None = None     # for dead ranks killed by a signal, e.g. "SIGABRT"
+    exc_type: str = ""
+    exc_text: str = ""                 # formatted traceback of a failed rank
+    message: str = ""                  # short message (skip reason, exception line)
+    stack: str = ""                    # Python stack of all threads, when the rank was stuck
+    output: str = ""                   # captured stdout/stderr of this call
+    finished_at: float | None = None   # seconds since the call started
+    joined: bool = True                # joined the process group (rendezvous)
+
+    def records_in(self, pg: str) -> list[CollectiveRecord]:
+        return [r for r in self.records if r.pg == pg]
+
+    @property
+    def current(self) -> CollectiveRecord | None:
+        """The collective this rank sits in now (the last pending synchronous one, or the async one it
+        waits on), or None when it is outside any collective."""
+        for rec in reversed(self.records):
+            if rec.state == WAITING or (rec.state == ENTERED and not rec.async_op):
+                return rec
+        return None
+
+    @property
+    def exit_description(self) -> str:
+        if self.signal_name:
+            return f"killed by {self.signal_name}"
+        if self.exit_code is not None:
+            return f"exited with code {self.exit_code}"
+        return self.status

@@ -1,0 +1,208 @@
+"""Controller side: turn a call's records and diagnosis into what a person reads.
+
+- ``format_report``: headline, the per-rank collective table (matching prefix folded, the
+  diverging row marked), where each rank is now, tracebacks (identical ones once), stacks.
+- ``trace_json``: the machine-readable trace written by ``--nccl-trace-dir``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from .diagnose import Diagnosis, short_path, short_site
+from .records import RANK_DEAD, RANK_FAILED, RANK_RUNNING, CollectiveRecord, RankView
+
+TABLE_WIDTH = 120
+CONTEXT_ROWS = 2  # matching rows shown above the divergence
+
+
+def _cell(rec: CollectiveRecord | None, width: int) -> str:
+    if rec is None:
+        return "-".ljust(width)
+    mark = {"completed": "", "entered": " ..", "waiting": " ..w"}.get(rec.state, "")
+    text = f"{rec.op} {rec.shapes}".strip() + mark
+    if len(text) > width:
+        text = text[: width - 1] + "~"
+    return text.ljust(width)
+
+
+def format_table(ranks: list[RankView], diagnosis: Diagnosis | None, width: int = TABLE_WIDTH) -> str:
+    """A column per rank, a row per collective of each group; '>>' marks the diverging row.
+    '..' = entered and not completed (pending), '..w' = waiting on an async op, '-' = never entered."""
+    world = len(ranks)
+    label_w = 5
+    col = max(10, min(34, (width - label_w - 2) // max(world, 1) - 1))
+    groups: list[str] = []
+    for v in ranks:
+        for rec in v.records:
+            if rec.pg not in groups:
+                groups.append(rec.pg)
+    if not groups:
+        return "(no collectives were recorded on any rank)"
+    lines = []
+    header = " " * (label_w + 2) + " ".join(f"rank {r}".ljust(col) for r in range(world))
+    for pg in groups:
+        per_rank = [v.records_in(pg) for v in ranks]
+        n = max(len(p) for p in per_rank)
+        mark_seq = diagnosis.seq if diagnosis is not None and diagnosis.pg == pg else None
+        lines.append(f"group {pg}:")
+        lines.append(header)
+        first_shown = 0
+        if mark_seq is not None and mark_seq - 1 - CONTEXT_ROWS > 0:
+            first_shown = mark_seq - 1 - CONTEXT_ROWS
+            lines.append(f"  ... {first_shown} matching collective{'s' if first_shown != 1 else ''} folded")
+        elif mark_seq is None and n > 12:
+            first_shown = n - 8
+            lines.append(f"  ... {first_shown} collectives folded")
+        last = n if mark_seq is None else min(n, mark_seq + 3)
+        for i in range(first_shown, last):
+            marker = ">>" if mark_seq == i + 1 else "  "
+            cells = " ".join(_cell(p[i] if i < len(p) else None, col) for p in per_rank)
+            lines.append(f"{marker}{('#' + str(i + 1)).rjust(label_w)} {cells}".rstrip())
+        if last < n:
+            lines.append(f"  ... {n - last} more")
+    return "\n".join(lines)
+
+
+def format_divergence(diagnosis: Diagnosis) -> str:
+    div = diagnosis.divergence
+    if div is None:
+        return ""
+    lines = [f"at collective #{div.seq} of group {div.pg}:"]
+    for r, rec in sorted(div.records.items()):
+        lines.append(f"  rank {r}: {rec.op} shapes={rec.shapes or '-'} dtype={rec.dtype or '-'} "
+                     f"{'async ' if rec.async_op else ''}{rec.state}"
+                     f"{'' if rec.duration is None else f' in {rec.duration * 1000:.1f} ms'}")
+        if rec.site:
+            lines.append(f"          at {short_site(rec.site, 4)}")
+    for r in div.absent:
+        lines.append(f"  rank {r}: never entered it")
+    return "\n".join(lines)
+
+
+def format_positions(ranks: list[RankView]) -> str:
+    lines = []
+    for v in ranks:
+        n = len(v.records)
+        if v.status == RANK_DEAD:
+            where = v.exit_description
+        elif v.status == RANK_RUNNING:
+            cur = v.current
+            where = (f"inside {cur.op} #{cur.seq} of group {cur.pg} ({cur.state}) from {short_site(cur.site, 2)}"
+                     if cur is not None else "running, outside any collective")
+        else:
+            where = v.status + (f": {v.message}" if v.message else "")
+        lines.append(f"  rank {v.rank}: {where} [{n} collective{'s' if n != 1 else ''}]")
+    return "\n".join(lines)
+
+
+def format_report(ranks: list[RankView], diagnosis: Diagnosis | None, elapsed: float, bound: float,
+                  backend: str = "") -> str:
+    parts = []
+    if diagnosis is not None:
+        parts.append(diagnosis.headline)
+    parts.append(f"\n-- collective trace ({backend + ', ' if backend else ''}{len(ranks)} ranks, "
+                 f"{elapsed:.2f} s of a {bound:g} s bound) --")
+    parts.append(format_table(ranks, diagnosis))
+    if diagnosis is not None and diagnosis.divergence is not None:
+        parts.append("")
+        parts.append(format_divergence(diagnosis))
+    parts.append("\n-- where each rank is --")
+    parts.append(format_positions(ranks))
+    # identical tracebacks once, naming the ranks
+    tracebacks: dict[str, list[int]] = {}
+    for v in ranks:
+        if v.status == RANK_FAILED and v.exc_text:
+            tracebacks.setdefault(v.exc_text, []).append(v.rank)
+    for text, rs in tracebacks.items():
+        parts.append(f"\n-- traceback of rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))} --")
+        parts.append(text.rstrip())
+    for v in ranks:
+        if v.stack and v.status in (RANK_RUNNING, RANK_DEAD):
+            parts.append(f"\n-- Python stack of rank {v.rank} (all threads) --")
+            parts.append(_trim_stack(v.stack))
+    return "\n".join(parts)
+
+
+def _thread_blocks(stack: str) -> list[list[str]]:
+    blocks: list[list[str]] = []
+    for line in stack.rstrip().splitlines():
+        if line.startswith(("Thread ", "Current thread")) or not blocks:
+            blocks.append([])
+        blocks[-1].append(line)
+    return blocks
+
+
+def _without_harness(stack: str) -> str:
+    """Keep the test's frames: drop the fork server and rank loop around the test body (everything
+    outside ``rank.run_call``) and the rank's reader thread. Handles both our format (outermost
+    first) and faulthandler's (most recent call first)."""
+    marker = "pytest_nccl" + os.sep + "rank.py"
+    kept = []
+    for block in _thread_blocks(stack):
+        if any(marker in l and "_reader" in l for l in block):
+            continue
+        at = next((i for i, l in enumerate(block) if marker in l and "run_call" in l), None)
+        if at is None:
+            kept.append(block)
+        elif "most recent call first" in block[0]:
+            kept.append(block[:at])
+        else:
+            body = block[at + 1:]
+            if body and not body[0].lstrip().startswith("File "):
+                body = body[1:]  # the source line of run_call's frame
+            kept.append(block[:1] + body)
+    return "\n".join("\n".join(b) for b in kept)
+
+
+def _trim_stack(stack: str, max_lines: int = 60) -> str:
+    lines = _without_harness(stack).rstrip().splitlines()
+    if len(lines) <= max_lines:
+        return "\n".join(lines)
+    return "\n".join(lines[:8] + [f"  ... {len(lines) - max_lines} lines ..."] + lines[-(max_lines - 8):])
+
+
+def trace_json(nodeid: str, ranks: list[RankView], diagnosis: Diagnosis | None, elapsed: float,
+               bound: float, backend: str) -> str:
+    return json.dumps({
+        "test": nodeid, "backend": backend, "world": len(ranks), "elapsed_s": round(elapsed, 3),
+        "bound_s": bound,
+        "diagnosis": None if diagnosis is None else {
+            "kind": diagnosis.kind, "headline": diagnosis.headline, "ranks": diagnosis.ranks,
+            "group": diagnosis.pg, "seq": diagnosis.seq},
+        "ranks": [{
+            "rank": v.rank, "status": v.status, "exit_code": v.exit_code, "signal": v.signal_name,
+            "message": v.message, "stack": v.stack or None,
+            "collectives": [{
+                "group": r.pg, "seq": r.seq, "op": r.op, "shapes": r.shapes, "dtype": r.dtype,
+                "async": r.async_op, "state": r.state, "t_start_s": round(r.t_start, 6),
+                "duration_s": None if r.duration is None else round(r.duration, 6),
+                "site": [short_path(s) for s in r.site.split(" <- ") if s], "source": r.source,
+                "fr_seq": r.fr_seq} for r in v.records],
+        } for v in ranks],
+    }, indent=1)
+
+
+def safe_filename(nodeid: str) -> str:
+    keep = "".join(c if c.isalnum() or c in "-_." else "_" for c in nodeid)
+    return keep[-150:]
+
+
+def write_trace_dir(directory: str, nodeid: str, text: str, fr_pickles: dict) -> list[str]:
+    """One JSON per failed test; Flight Recorder dumps per rank where the ranks produced them, in the
+    layout torch's ``fr_trace`` analyzer reads (a folder of per-rank pickles sharing a prefix)."""
+    os.makedirs(directory, exist_ok=True)
+    base = safe_filename(nodeid)
+    written = [os.path.join(directory, base + ".json")]
+    with open(written[0], "w") as f:
+        f.write(text)
+    if fr_pickles:
+        fr_dir = os.path.join(directory, base + ".fr")
+        os.makedirs(fr_dir, exist_ok=True)
+        for rank, data in fr_pickles.items():
+            path = os.path.join(fr_dir, f"rank_{rank}")
+            with open(path, "wb") as f:
+                f.write(data)
+            written.append(path)
+    return written

@@ -1,0 +1,264 @@
+"""Rank side: records every torch.distributed collective a rank issues from Python.
+
+Installed once in the fork server, before any library is imported, so that libraries binding
+``from torch.distributed import all_gather`` at import time get the traced function too. Each call
+(one test body on a rank) gets a fresh journal; outside a call the wrappers cost one global lookup.
+
+What Python-level interception cannot see (DDP's C++ reducer, functional collectives under FSDP2 and
+DTensor) the Flight Recorder records; the controller merges both (see ``group.py``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import time
+import zlib
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from .journal import JournalWriter
+from .records import P2P_OPS, SHAPE_MATCHED_OPS
+
+# For each op: the parameter holding the tensor(s) this rank contributes (what must agree across
+# ranks). Group and async_op positions are read from the real signature at install time, so the
+# wrappers follow whatever this torch release declares.
+CONTRIBUTED = {
+    "all_reduce": "tensor", "broadcast": "tensor", "reduce": "tensor",
+    "all_gather": "tensor", "all_gather_into_tensor": "input_tensor", "_all_gather_base": "input_tensor",
+    "all_gather_coalesced": "input_tensor_list", "all_reduce_coalesced": "tensors",
+    "reduce_scatter": "output", "reduce_scatter_tensor": "input", "_reduce_scatter_base": "input",
+    "gather": "tensor", "scatter": "tensor", "all_to_all": "input_tensor_list",
+    "all_to_all_single": "input", "send": "tensor", "recv": "tensor", "isend": "tensor",
+    "irecv": "tensor", "barrier": None, "monitored_barrier": None, "all_gather_object": None,
+    "broadcast_object_list": None, "gather_object": None, "scatter_object_list": None,
+    "send_object_list": None, "recv_object_list": None, "batch_isend_irecv": None,
+}
+ALWAYS_ASYNC = frozenset({"isend", "irecv", "batch_isend_irecv"})
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_TESTING_DIR = _PKG_DIR + "testing" + os.sep
+# Thin communication shims whose frames say nothing about who issued the collective.
+_SHIM_MARKERS = (os.sep + "deepspeed" + os.sep + "comm" + os.sep,)
+SITE_DEPTH = 4  # distinct files in a call site chain
+
+_internal_code: dict = {}
+_pg_labels: dict = {}
+
+
+class _CallTrace:
+    """The trace of one call on this rank."""
+
+    __slots__ = ("writer", "t0", "seq", "digest", "depth", "async_pending")
+
+    def __init__(self, journal_path: str):
+        self.writer = JournalWriter(journal_path)
+        self.t0 = time.perf_counter()
+        self.seq: dict[str, int] = {}
+        self.digest: dict[str, int] = {}
+        self.depth = 0
+        self.async_pending: dict[int, tuple] = {}
+
+
+_active: _CallTrace | None = None
+
+
+def _is_internal(code) -> bool:
+    internal = _internal_code.get(code)
+    if internal is None:
+        fn = code.co_filename
+        internal = (fn.startswith(_TORCH_DIR) or (fn.startswith(_PKG_DIR) and not fn.startswith(_TESTING_DIR))
+                    or fn.startswith("<") or any(m in fn for m in _SHIM_MARKERS))
+        _internal_code[code] = internal
+    return internal
+
+
+def call_site(frame) -> str:
+    """First frames outside torch and pytest_nccl, one per distinct file, innermost first."""
+    sites: list[str] = []
+    last_file = None
+    while frame is not None and len(sites) < SITE_DEPTH:
+        code = frame.f_code
+        if not _is_internal(code) and code.co_filename != last_file:
+            last_file = code.co_filename
+            sites.append(f"{last_file}:{frame.f_lineno}")
+        frame = frame.f_back
+    return " <- ".join(sites)
+
+
+def pg_label(group) -> str:
+    """A name for a process group that is the same on every member rank."""
+    if group is None or group is c10d.GroupMember.WORLD:
+        return "default"
+    label = _pg_labels.get(id(group))
+    if label is None:
+        try:
+            ranks = dist.get_process_group_ranks(group)
+            shown = ",".join(map(str, ranks[:8])) + (",..." if len(ranks) > 8 else "")
+            label = f"pg{group.group_name}[{shown}]"
+        except Exception:
+            label = f"pg{getattr(group, 'group_name', '?')}"
+        _pg_labels[id(group)] = label
+    return label
+
+
+def _describe(value) -> tuple[str, str]:
+    """(shapes, dtype) of a tensor or a list of tensors, compact."""
+    if isinstance(value, torch.Tensor):
+        return str(list(value.shape)), str(value.dtype)[6:]
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
+        shapes = [list(t.shape) for t in value]
+        dtype = str(value[0].dtype)[6:]
+        if all(s == shapes[0] for s in shapes):
+            return f"{shapes[0]}x{len(shapes)}", dtype
+        return ";".join(map(str, shapes[:4])) + (";..." if len(shapes) > 4 else ""), dtype
+    return "", ""
+
+
+def _fr_seq(group) -> int | None:
+    try:
+        pg = group if group is not None else c10d._get_default_group()
+        return pg._get_sequence_number_for_group() + 1
+    except Exception:
+        return None
+
+
+def _wrap(name: str, fn):
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return fn
+    tensor_name = CONTRIBUTED.get(name)
+    tensor_pos = params.index(tensor_name) if tensor_name in params else -1
+    group_pos = params.index("group") if "group" in params else -1
+    async_pos = params.index("async_op") if "async_op" in params else -1
+    p2p = name in P2P_OPS
+    shape_matched = name in SHAPE_MATCHED_OPS
+    always_async = name in ALWAYS_ASYNC
+
+    def traced(*args, **kwargs):
+        trace = _active
+        if trace is None or trace.depth:
+            return fn(*args, **kwargs)
+        if name == "batch_isend_irecv":
+            group = getattr(args[0][0], "group", None) if args and args[0] else None
+        else:
+            group = args[group_pos] if 0 <= group_pos < len(args) else kwargs.get("group")
+        if always_async:
+            async_op = True
+        else:
+            async_op = bool(args[async_pos] if 0 <= async_pos < len(args) else kwargs.get("async_op", False))
+        if tensor_pos >= 0:
+            shapes, dtype = _describe(args[tensor_pos] if tensor_pos < len(args) else kwargs.get(tensor_name))
+        else:
+            shapes, dtype = "", ""
+        pg = pg_label(group)
+        if p2p:
+            pg += ":p2p"  # point-to-point: numbered apart, not aligned across ranks
+        seq = trace.seq.get(pg, 0) + 1
+        trace.seq[pg] = seq
+        if not p2p:
+            sig = f"{name} {shapes} {dtype}" if shape_matched else name
+            trace.digest[pg] = zlib.crc32(sig.encode(), trace.digest.get(pg, 0))
+        writer = trace.writer
+        writer.entered(pg, seq, name, async_op, time.perf_counter() - trace.t0, shapes, dtype,
+                       _fr_seq(group), call_site(sys._getframe(1)))
+        trace.depth += 1
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            trace.depth -= 1
+        if async_op and result is not None:
+            works = result if isinstance(result, list) else [result]
+            for work in works:
+                trace.async_pending[id(work)] = (work, pg, seq)
+        else:
+            writer.completed(pg, seq, time.perf_counter() - trace.t0)
+        return result
+
+    traced.__wrapped__ = fn
+    traced.__name__ = getattr(fn, "__name__", name)
+    traced.__qualname__ = getattr(fn, "__qualname__", name)
+    traced.__doc__ = fn.__doc__
+    traced._pytest_nccl_traced = True
+    return traced
+
+
+_installed = False
+_orig_wait = None
+
+
+def _traced_wait(self, *args, **kwargs):
+    trace = _active
+    entry = trace.async_pending.pop(id(self), None) if trace is not None else None
+    if entry is None:
+        return _orig_wait(self, *args, **kwargs)
+    _, pg, seq = entry
+    trace.writer.waiting(pg, seq, time.perf_counter() - trace.t0)
+    result = _orig_wait(self, *args, **kwargs)
+    trace.writer.completed(pg, seq, time.perf_counter() - trace.t0)
+    return result
+
+
+def install() -> None:
+    """Patch the collectives in ``torch.distributed`` and ``distributed_c10d`` (where internal calls
+    such as all_gather_object -> all_gather resolve), and ``Work.wait`` for async completion."""
+    global _installed, _orig_wait
+    if _installed:
+        return
+    for name in CONTRIBUTED:
+        fn = getattr(c10d, name, None)
+        if fn is None or getattr(fn, "_pytest_nccl_traced", False):
+            continue
+        traced = _wrap(name, fn)
+        setattr(c10d, name, traced)
+        if getattr(dist, name, None) is fn:
+            setattr(dist, name, traced)
+    _orig_wait = dist.Work.wait
+    dist.Work.wait = _traced_wait
+    _installed = True
+
+
+def start(journal_path: str) -> None:
+    global _active
+    _pg_labels.clear()
+    _active = _CallTrace(journal_path)
+
+
+def stop() -> dict[str, tuple[int, int]]:
+    """End the call's trace; return per process group (count, crc of signatures), which the
+    controller compares across ranks without reading the journals."""
+    global _active
+    trace = _active
+    if trace is None:
+        return {}
+    _active = None
+    now = time.perf_counter() - trace.t0
+    for work, pg, seq in trace.async_pending.values():
+        try:
+            if work.is_completed():
+                trace.writer.completed(pg, seq, now)
+        except Exception:
+            pass
+    trace.writer.close()
+    counts = {pg: n for pg, n in trace.seq.items() if not pg.endswith(":p2p")}
+    return {pg: (counts.get(pg, 0), trace.digest.get(pg, 0)) for pg in counts}
+
+
+def flight_recorder_json() -> str | None:
+    try:
+        return torch._C._distributed_c10d._dump_fr_trace_json().decode()
+    except Exception:
+        return None
+
+
+def flight_recorder_pickle() -> bytes | None:
+    try:
+        # without stack traces: symbolizing them imports torch._dynamo (about 4 s) in a stuck rank
+        return torch._C._distributed_c10d._dump_fr_trace(True, False, False)
+    except Exception:
+        return None
