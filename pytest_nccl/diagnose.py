@@ -15,6 +15,7 @@ from .records import (P2P_OPS, RANK_DEAD, RANK_FAILED, RANK_PASSED, RANK_RUNNING
 # kinds, and the exception class each maps to (names from errors.py)
 SHAPE_MISMATCH, DTYPE_MISMATCH, OP_MISMATCH = "shape-mismatch", "dtype-mismatch", "op-mismatch"
 RANK_LEFT, GROUP_MISMATCH = "rank-left", "group-mismatch"
+MISMATCH_KINDS = frozenset({SHAPE_MISMATCH, DTYPE_MISMATCH, OP_MISMATCH})
 RAISED, DIED, HANG, SLOW_RANK, TIMEOUT = "rank-raised", "rank-died", "hang", "slow-rank", "timeout"
 SKIP_MISMATCH, SETUP = "skip-mismatch", "setup"
 
@@ -123,6 +124,14 @@ def short_site(site: str, depth: int = 3) -> str:
     return " <- ".join(short_path(s) for s in site.split(" <- ")[:depth] if s)
 
 
+def brief(message: str, limit: int = 100) -> str:
+    """An exception line without gloo's source location prefix, cut to ``limit`` characters."""
+    if message.count("[") and "] " in message and (".cc:" in message or ".cpp:" in message):
+        head, _, rest = message.partition("[")
+        message = head + rest.split("] ", 1)[-1]
+    return message if len(message) <= limit else message[: limit - 3] + "..."
+
+
 def _rank_list(ranks) -> str:
     ranks = sorted(ranks)
     return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, ranks))
@@ -162,7 +171,7 @@ def _state_of(view: RankView, pg: str) -> str:
     if view.status == RANK_DEAD:
         return f"{view.exit_description} {after}"
     if view.status == RANK_FAILED:
-        return f"raised {view.message or view.exc_type} {after}"
+        return f"raised {brief(view.message or view.exc_type)} {after}"
     if view.status in (RANK_PASSED, RANK_SKIPPED, RANK_XFAILED):
         return f"left the test ({view.status}) {after}"
     cur = view.current
@@ -233,7 +242,7 @@ def _raised(failed: list[RankView], ranks: list[RankView]) -> Diagnosis:
     by_message: dict[str, list[int]] = {}
     for v in failed:
         by_message.setdefault(v.message or v.exc_type, []).append(v.rank)
-    parts = [f"{_rank_list(rs)} raised {msg}" for msg, rs in by_message.items()]
+    parts = [f"{_rank_list(rs)} raised {brief(msg, 160)}" for msg, rs in by_message.items()]
     return Diagnosis(RAISED, "; ".join(parts[:3]) + _waiting_summary(ranks), [v.rank for v in failed])
 
 
@@ -259,11 +268,11 @@ def _mismatch(div: Divergence, ranks: list[RankView]) -> Diagnosis:
         if view.status == RANK_DEAD:
             consequences.append(f"rank {r} {view.exit_description} inside it")
         elif view.status == RANK_FAILED:
-            consequences.append(f"rank {r} raised {view.message[:120]}")
+            consequences.append(f"rank {r} raised {brief(view.message)}")
     if div.absent:
         consequences.append(f"{_rank_list(div.absent)} never entered it")
     if not consequences and all(not rec.pending for rec in recs.values()):
-        consequences.append("gloo completed it without an error: the gathered data is wrong")
+        consequences.append("the backend completed it without an error: its result is wrong")
     if consequences:
         what += "; " + "; ".join(consequences)
     # the rank(s) whose value differs from the majority

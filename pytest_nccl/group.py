@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
 from . import protocol
+from .diagnose import MISMATCH_KINDS, first_divergence
 from .errors import RankSetupError
 from .journal import read_journal
 from .protocol import Call, Outcome
@@ -32,6 +33,7 @@ GRACE_AFTER_FAILURE = 1.0     # for the other ranks to finish or report their ow
 DUMP_WAIT = 1.0               # for stuck ranks to answer a stack / Flight Recorder request
 TERM_WAIT = 0.5               # between SIGTERM and SIGKILL
 POLL = 0.05                   # how often a call's journals are checked for an unmatchable wait
+STALL_CHECK = 0.5             # no journal grew for this long: look for a mismatched collective
 ZYGOTE_START_TIMEOUT = 300.0
 # The process group's own timeout is the test's bound plus this margin: no 30-minute default wait,
 # and our bound (which started earlier) still fires first, so the report is ours, not gloo's
@@ -265,6 +267,7 @@ class RankGroup:
         reason = "completed"
         decided_at = None
         next_check = t0 + POLL
+        next_stall_check, last_sizes = t0 + STALL_CHECK, None
         while live:
             now = time.monotonic()
             if now >= deadline:
@@ -295,11 +298,19 @@ class RankGroup:
                     del live[rank]
                     if out.status in (protocol.FAILED, protocol.ERROR):
                         decided_at = decided_at or time.monotonic()
-            if live and len(live) < self.world and time.monotonic() >= next_check:
+            if live and call.trace and time.monotonic() >= next_check:
                 next_check = time.monotonic() + POLL
-                if call.trace and _waits_for_a_finished_rank(self._journals(call, views), live):
+                if len(live) < self.world and _waits_for_a_finished_rank(self._journals(call, views), live):
                     reason = "decided"
                     break
+                if time.monotonic() >= next_stall_check:
+                    # no journal grew for a while: are the ranks stuck on a mismatched collective?
+                    next_stall_check = time.monotonic() + STALL_CHECK
+                    sizes = [_size(os.path.join(call.journal_dir, f"journal-{r}.txt")) for r in range(self.world)]
+                    if sizes == last_sizes and _stuck_on_mismatch(self._journals(call, views), views, live):
+                        reason = "decided"
+                        break
+                    last_sizes = sizes
         if live:
             self._collect_stuck(live, views, call)
         result = CallResult(ranks=[views[r] for r in range(self.world)], reason=reason,
@@ -441,6 +452,17 @@ def _waits_for_a_finished_rank(journals: dict, live: dict) -> bool:
             if len(theirs) < current.seq or theirs[current.seq - 1].pending:
                 return True
     return False
+
+
+def _stuck_on_mismatch(journals: dict, views: dict, live: dict) -> bool:
+    """True when every running rank waits in a collective and the first divergence is a mismatch
+    (op, shape or dtype at the same sequence number): NCCL would hang there for good."""
+    for rank in live:
+        if not any(r.pending and (not r.async_op or r.state == "waiting") for r in journals[rank]):
+            return False
+    trial = [RankView(r, status=views[r].status, records=journals[r]) for r in range(len(journals))]
+    div = first_divergence(trial)
+    return div is not None and div.kind in MISMATCH_KINDS
 
 
 def _members(pg: str, world: int) -> set:

@@ -1,0 +1,95 @@
+"""Helpers for testing the plugin through real inner pytest sessions (pytester)."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+import time
+import uuid
+from dataclasses import dataclass
+
+import pytest
+
+INNER_TIMEOUT = 240  # an inner session that takes longer than this is itself a hang
+
+
+@dataclass
+class Inner:
+    result: pytest.RunResult
+    elapsed: float
+    tag: str
+
+    @property
+    def text(self) -> str:
+        return self.result.stdout.str() + "\n" + self.result.stderr.str()
+
+    def section(self, test_name: str) -> str:
+        """The failure section of one test in the inner session's output."""
+        lines = self.result.stdout.lines
+        start = next((i for i, l in enumerate(lines) if l.startswith("_") and f" {test_name} " in l), None)
+        if start is None:
+            return ""
+        end = next((i for i in range(start + 1, len(lines))
+                    if (lines[i].startswith("___") or lines[i].startswith("===")) ), len(lines))
+        return "\n".join(lines[start:end])
+
+
+def line_of(source: str, snippet: str) -> int:
+    """1-based line of ``snippet`` in the module that ``run_inner`` writes from ``source``."""
+    lines = textwrap.dedent(source).lstrip("\n").splitlines()
+    return next(i for i, l in enumerate(lines, 1) if snippet in l)
+
+
+def processes_with_tag(tag: str) -> list[str]:
+    """Live processes whose environment carries the tag: the inner session's fork server, ranks and
+    anything they started. Zombies count as gone."""
+    found = []
+    needle = f"PYTEST_NCCL_TEST_TAG={tag}".encode()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle not in f.read():
+                    continue
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            if state == "Z":
+                continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            found.append(f"{pid}: {cmdline}")
+        except OSError:
+            continue
+    return found
+
+
+def assert_no_leftovers(tag: str, wait: float = 3.0) -> None:
+    deadline = time.monotonic() + wait
+    left = processes_with_tag(tag)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = processes_with_tag(tag)
+    assert not left, f"processes outlived the inner session: {left}"
+
+
+@pytest.fixture
+def run_inner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    """Write ``source`` as a test module, run a real inner pytest in a subprocess, return Inner.
+    Afterwards, no process of that inner session may be alive."""
+    tags = []
+
+    def run(source: str, *args: str, name: str = "test_inner", timeout: float = INNER_TIMEOUT) -> Inner:
+        tag = uuid.uuid4().hex
+        tags.append(tag)
+        monkeypatch.setenv("PYTEST_NCCL_TEST_TAG", tag)
+        pytester.makepyfile(**{name: textwrap.dedent(source)})
+        t0 = time.monotonic()
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA", *args, timeout=timeout)
+        inner = Inner(result, time.monotonic() - t0, tag)
+        assert_no_leftovers(tag)
+        return inner
+
+    yield run
+    for tag in tags:
+        assert_no_leftovers(tag, wait=0.5)
