@@ -297,7 +297,8 @@ def function_reference(fn) -> tuple[str, str, str]:
     if qualname is None or module is None:
         raise NcclUsageError(f"{fn!r} is not a function a rank can import: pass a module-level function")
     if "<lambda>" in qualname:
-        raise NcclUsageError(f"a lambda cannot be imported by a rank: define {qualname} at module level")
+        raise NcclUsageError(f"a lambda cannot be imported by a rank: pass a module-level function "
+                             f"(got {qualname})")
     if "<locals>" in qualname:
         raise NcclUsageError(f"{qualname} is a nested function or closure, which a rank cannot import: "
                              "define it at module level")
@@ -387,16 +388,16 @@ def execute(session: NcclSession, call: protocol.Call, world: int, backend: str,
     if clean:
         _remove(call.journal_dir)
         if statuses == {"skipped"}:
-            pytest.skip(result.ranks[0].message or "skipped on every rank")
+            # reported at the test's own location, not at this line
+            raise pytest.skip.Exception(result.ranks[0].message or "skipped on every rank",
+                                        _use_item_location=True)
         if statuses == {"xfailed"}:
             pytest.xfail(result.ranks[0].message or "xfail on every rank")
         return result
-    errors_ = [v for v in result.ranks if v.status == "failed" and v.exc_type == "" and v.message]
-    setup_errors = [o for o in result.outcomes.values() if o.status == protocol.ERROR]
-    if setup_errors and len(setup_errors) == world and len({o.message.split(' in rank ')[0] for o in setup_errors}) == 1:
+    usage = _same_error_everywhere(result, world)
+    if usage is not None:
         _remove(call.journal_dir)
-        raise NcclUsageError(setup_errors[0].message.replace(" in rank 0", " in the ranks"))
-    del errors_
+        raise NcclUsageError(usage)
     diag = diagnose(result.ranks, result.reason, result.bound)
     if diag is None:
         diag = Diagnosis("rank-raised", "the ranks disagree on the outcome: "
@@ -405,6 +406,18 @@ def execute(session: NcclSession, call: protocol.Call, world: int, backend: str,
         _raise_failure(session, call, result, diag, backend, item_stash)
     finally:
         _remove(call.journal_dir)
+
+
+def _same_error_everywhere(result: CallResult, world: int) -> str | None:
+    """The one message when every rank could not run the call for the same reason (the function
+    cannot be imported, the result cannot be pickled): a usage error, not a distributed failure."""
+    messages = set()
+    for rank in range(world):
+        out = result.outcomes.get(rank)
+        if out is None or out.status != protocol.ERROR:
+            return None
+        messages.add(out.message.replace(f" in rank {rank}", " in the ranks").replace(f"rank {rank} ", "each rank "))
+    return messages.pop() if len(messages) == 1 else None
 
 
 def _remove(path: str) -> None:
@@ -451,12 +464,9 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
     backend, _ = session.backend_for(world, requested)
     timeout = effective_timeout(pyfuncitem, timeout)
     kwargs, rank_args = _test_kwargs(pyfuncitem)
-    fn = pyfuncitem.obj
     module = pyfuncitem.module
     cls = pyfuncitem.cls
     qualname = f"{cls.__name__}.{pyfuncitem.originalname}" if cls is not None else pyfuncitem.originalname
-    if "<locals>" in getattr(getattr(fn, "__func__", fn), "__qualname__", ""):
-        raise NcclUsageError(f"{qualname} is defined inside a function, which a rank cannot import")
     call = protocol.Call(0, protocol.KIND_TEST, module.__name__, getattr(module, "__file__", "") or "",
                          qualname, pickle.dumps(((), kwargs)), nodeid=pyfuncitem.nodeid,
                          rank_args=rank_args)
