@@ -512,14 +512,17 @@ class NcclLongRepr:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     rep = yield
+    exc = call.excinfo.value if call.excinfo is not None else None
     if call.when != "call":
+        if isinstance(exc, NcclUsageError) and rep.longrepr is not None:
+            line = f"pytest-nccl: {exc}"
+            rep.longrepr = NcclLongRepr(line, line, str(item.path), (item.location[1] or 0) + 1)
         return rep
     stash = item.stash.get(RESULT_KEY, None)
     if stash and "result" in stash:
         for view in stash["result"].ranks:
             if view.output.strip():
                 rep.sections.append((f"Captured output rank {view.rank}", view.output))
-    exc = call.excinfo.value if call.excinfo is not None else None
     if isinstance(exc, (DistributedTestFailure, NcclUsageError)) and rep.longrepr is not None \
             and not getattr(rep, "wasxfail", None):
         path, lineno = str(item.path), (item.location[1] or 0) + 1

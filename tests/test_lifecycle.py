@@ -1,0 +1,177 @@
+"""Bad input gives one clear line; no process outlives the session (pass, Ctrl-C, SIGTERM);
+xdist workers never collide; pytest-timeout's bound does not pre-empt ours."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import pytest
+
+from conftest import assert_no_leftovers, processes_with_tag
+
+SIMPLE = """
+import pytest, torch
+import torch.distributed as dist
+
+@pytest.mark.nccl
+def test_ok(rank):
+    dist.all_reduce(torch.ones(1))
+"""
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nccl-world=0"], "--nccl-world must be a whole number of ranks >= 1, got '0'"),
+    (["--nccl-world=-1"], "--nccl-world must be a whole number of ranks >= 1, got '-1'"),
+    (["--nccl-world=abc"], "--nccl-world must be a whole number of ranks >= 1, got 'abc'"),
+    (["--nccl-backend=mpi"], "--nccl-backend must be one of auto, nccl, gloo, got 'mpi'"),
+    (["--nccl-timeout=0"], "--nccl-timeout must be a number of seconds > 0, got '0'"),
+    (["--nccl-backend=nccl", "--nccl-world=2"], "--nccl-backend=nccl needs 2 CUDA devices for world 2; "
+                                                "this machine has 0"),
+])
+def test_bad_options_one_line(pytester, args, message):
+    pytester.makepyfile(SIMPLE)
+    result = pytester.runpytest_subprocess(*args, timeout=60)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert result.stderr.lines[0] == f"ERROR: {message}", result.stderr.str()
+    assert "Traceback" not in result.stderr.str() + result.stdout.str()
+
+
+BAD_MARKERS = """
+import os
+import pytest, torch
+import torch.distributed as dist
+import only_in_the_controller  # made by conftest.py, which ranks do not run
+
+@pytest.mark.nccl(world="abc")
+def test_bad_world():
+    pass
+
+@pytest.mark.nccl(world=2, colour="red")
+def test_unknown_argument():
+    pass
+
+@pytest.mark.nccl(world=2)
+def test_not_importable_in_rank(rank):
+    pass
+
+def test_rank_fixture_outside(rank):
+    pass
+"""
+
+
+def test_bad_marker_and_unloadable_module(run_inner, pytester):
+    pytester.makeconftest("import sys, types\nsys.modules['only_in_the_controller'] = types.ModuleType('x')\n")
+    inner = run_inner(BAD_MARKERS)
+    assert inner.result.parseoutcomes() == {"failed": 3, "errors": 1}, inner.text
+    assert "pytest-nccl: @pytest.mark.nccl(world=...) must be a whole number of ranks >= 1, got 'abc'" \
+        in inner.section("test_bad_world")
+    assert "pytest-nccl: @pytest.mark.nccl got unknown argument(s) colour" in inner.section("test_unknown_argument")
+    assert "pytest-nccl: cannot load test_inner.test_not_importable_in_rank in the ranks: ModuleNotFoundError: " \
+           "No module named 'only_in_the_controller'" in inner.section("test_not_importable_in_rank")
+    assert "pytest-nccl: the 'rank' fixture exists only inside a test marked @pytest.mark.nccl" in inner.text
+    assert "Traceback" not in inner.text
+
+
+HANG = """
+import time
+import pytest, torch
+import torch.distributed as dist
+
+@pytest.mark.nccl(world=2)
+def test_hangs(rank):
+    print("ranks started", flush=True)
+    if rank == 0:
+        dist.all_reduce(torch.ones(1))
+    time.sleep(600)
+"""
+
+
+def _wait_for_ranks(tag: str, expected: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while len(processes_with_tag(tag)) < expected:
+        assert time.monotonic() < deadline, "the ranks never started"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_leaves_no_process(pytester, sig):
+    """Ctrl-C or SIGTERM of pytest while ranks hang: every rank and the fork server go away."""
+    pytester.makepyfile(test_hang=HANG)
+    tag = uuid.uuid4().hex
+    env = dict(os.environ, PYTEST_NCCL_TEST_TAG=tag)
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "test_hang.py"],
+                            cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        _wait_for_ranks(tag, expected=4)  # pytest, the fork server, 2 ranks
+        time.sleep(1.0)
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert_no_leftovers(tag, wait=5)
+    if sig == signal.SIGINT:
+        assert b"KeyboardInterrupt" in out
+
+
+def test_sigkill_of_pytest_takes_ranks_down(pytester):
+    """Even when pytest cannot clean up (SIGKILL), the fork server and the ranks die with it."""
+    pytester.makepyfile(test_hang=HANG)
+    tag = uuid.uuid4().hex
+    env = dict(os.environ, PYTEST_NCCL_TEST_TAG=tag)
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_hang.py"],
+                            cwd=pytester.path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for_ranks(tag, expected=4)
+        proc.kill()
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert_no_leftovers(tag, wait=5)
+
+
+XDIST = """
+import os
+import pytest, torch
+import torch.distributed as dist
+
+@pytest.mark.nccl(world=2)
+@pytest.mark.parametrize("i", range(6))
+def test_many(rank, i):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == 2
+"""
+
+
+def test_xdist_workers_do_not_collide(run_inner):
+    inner = run_inner(XDIST, "-n", "2")
+    assert inner.result.parseoutcomes() == {"passed": 6}, inner.text
+
+
+PYTEST_TIMEOUT = """
+import time
+import pytest, torch
+import torch.distributed as dist
+
+@pytest.mark.timeout(6)
+@pytest.mark.nccl(world=2)
+def test_hang_under_pytest_timeout(rank):
+    if rank == 1:
+        time.sleep(60)
+    dist.all_reduce(torch.ones(1))
+"""
+
+
+def test_our_bound_fires_before_pytest_timeout(run_inner):
+    inner = run_inner(PYTEST_TIMEOUT, "-p", "timeout", "--nccl-timeout=120")
+    assert inner.result.parseoutcomes() == {"failed": 1}, inner.text
+    section = inner.section("test_hang_under_pytest_timeout")
+    assert "slow rank: rank 1 is busy outside any collective" in section
+    assert "Timeout" not in section.splitlines()[1]  # the headline is ours, not pytest-timeout's
+    assert "+++ Timeout +++" not in inner.text
