@@ -256,9 +256,30 @@ def flight_recorder_json() -> str | None:
         return None
 
 
+def _pg_config() -> dict:
+    """What torch's fr_trace analyzer needs to match entries across ranks; gloo's Flight Recorder
+    leaves it empty, so it is rebuilt from c10d's own registry."""
+    config = {}
+    for pg, ranks in list(getattr(c10d._world, "pg_group_ranks", {}).items()):
+        try:
+            name = pg.group_name
+            desc = getattr(pg, "group_desc", "") or ("default_pg" if pg is c10d.GroupMember.WORLD else "undefined")
+        except Exception:
+            continue
+        config[name] = {"name": name, "desc": desc, "ranks": str(sorted(ranks))}
+    return config
+
+
 def flight_recorder_pickle() -> bytes | None:
     try:
+        import pickle
         # without stack traces: symbolizing them imports torch._dynamo (about 4 s) in a stuck rank
-        return torch._C._distributed_c10d._dump_fr_trace(True, False, False)
+        dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace(True, False, False))
+        config = _pg_config()
+        if config:
+            dump["pg_config"] = config
+        for entry in dump.get("entries", []):
+            entry.setdefault("frames", [])
+        return pickle.dumps(dump)
     except Exception:
         return None

@@ -1,0 +1,81 @@
+"""Artifacts: --nccl-trace-dir JSON and Flight Recorder dumps that torch's fr_trace reads, the JUnit
+property, async collectives, subgroups, and --nccl-trace=off."""
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+TRACED = """
+import time
+import pytest, torch
+import torch.distributed as dist
+
+@pytest.mark.nccl(world=2, timeout=3)
+def test_slow_rank_async(rank):
+    work = dist.all_reduce(torch.ones(2), async_op=True)
+    work.wait()
+    if rank == 1:
+        time.sleep(60)
+    dist.all_gather_into_tensor(torch.zeros(4), torch.ones(2))
+
+@pytest.mark.nccl(world=4)
+def test_subgroup_mismatch(rank):
+    pair = dist.new_group([0, 1])
+    other = dist.new_group([2, 3])
+    if rank < 2:
+        dist.all_reduce(torch.ones(2 + rank), group=pair)
+    else:
+        dist.all_reduce(torch.ones(2), group=other)
+"""
+
+
+def test_trace_dir_junit_and_flight_recorder(run_inner, pytester):
+    inner = run_inner(TRACED, "--nccl-trace-dir=traces", "--junitxml=junit.xml")
+    assert inner.result.parseoutcomes() == {"failed": 2}, inner.text
+    traces = pytester.path / "traces"
+    data = json.loads((traces / "test_inner.py__test_slow_rank_async.json").read_text())
+    assert data["diagnosis"]["kind"] == "slow-rank" and data["diagnosis"]["ranks"] == [1]
+    first = data["ranks"][0]["collectives"][0]
+    assert (first["op"], first["async"], first["state"], first["group"], first["seq"]) == \
+        ("all_reduce", True, "completed", "default", 1)
+    assert first["site"][0].startswith("test_inner.py:")
+    pending = data["ranks"][0]["collectives"][1]
+    assert (pending["op"], pending["state"], pending["shapes"]) == ("all_gather_into_tensor", "entered", "[2]")
+    assert "time.sleep(60)" in data["ranks"][1]["stack"]
+
+    sub = inner.section("test_subgroup_mismatch")
+    assert "shape mismatch in all_reduce #1 of group pg1[0,1]: rank 0 [2], rank 1 [3]" in sub
+
+    cases = {c.get("name"): c for c in ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")}
+    props = {p.get("name"): p.get("value") for p in cases["test_slow_rank_async"].iter("property")}
+    assert props["nccl_diagnosis"].startswith("slow rank: rank 1 is busy outside any collective")
+    failure = cases["test_slow_rank_async"].find("failure")
+    assert failure.get("message").startswith("slow rank: rank 1")
+
+    fr_dir = traces / "test_inner.py__test_slow_rank_async.fr"
+    assert sorted(p.name for p in fr_dir.iterdir()) == ["rank_0", "rank_1"]
+    analyzed = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(fr_dir)],
+                              capture_output=True, text=True, timeout=120)
+    assert analyzed.returncode == 0, analyzed.stderr
+    printed = analyzed.stdout + analyzed.stderr  # its logger writes to stderr
+    assert "missing ranks: {1}" in printed and "gloo:all_gather" in printed
+
+
+UNTRACED = """
+import pytest, torch
+import torch.distributed as dist
+
+@pytest.mark.nccl(world=2)
+def test_raises(rank):
+    dist.all_reduce(torch.ones(1))
+    assert rank == 0
+"""
+
+
+def test_trace_off(run_inner):
+    inner = run_inner(UNTRACED, "--nccl-trace=off")
+    assert "trace off" in inner.text
+    section = inner.section("test_raises")
+    assert "rank 1 raised AssertionError: assert 1 == 0" in section
+    assert "all_reduce" not in section.split("-- traceback")[0]
