@@ -17,11 +17,24 @@ TABLE_WIDTH = 120
 CONTEXT_ROWS = 2  # matching rows shown above the divergence
 
 
+# Short op names for narrow columns (world 8 at 120 columns leaves 13 characters a cell).
+SHORT_OPS = {
+    "all_gather_into_tensor": "ag_tensor", "_all_gather_base": "ag_base", "all_gather": "allgather",
+    "all_gather_object": "ag_object", "all_gather_coalesced": "ag_coal", "all_reduce": "allreduce",
+    "all_reduce_coalesced": "ar_coal", "reduce_scatter_tensor": "rs_tensor", "_reduce_scatter_base": "rs_base",
+    "reduce_scatter": "redscat", "broadcast": "bcast", "broadcast_object_list": "bc_object",
+    "all_to_all_single": "a2a_single", "all_to_all": "all2all",
+}
+
+
 def _cell(rec: CollectiveRecord | None, width: int) -> str:
     if rec is None:
         return "-".ljust(width)
     mark = {"completed": "", "entered": " ..", "waiting": " ..w"}.get(rec.state, "")
-    text = f"{rec.op} {rec.shapes}".strip() + mark
+    op, shapes = rec.op, rec.shapes
+    if len(f"{op} {shapes}{mark}") > width:
+        op, shapes = SHORT_OPS.get(op, op), shapes.replace(", ", ",")
+    text = f"{op} {shapes}".strip() + mark
     if len(text) > width:
         text = text[: width - 1] + "~"
     return text.ljust(width)
@@ -29,7 +42,8 @@ def _cell(rec: CollectiveRecord | None, width: int) -> str:
 
 def format_table(ranks: list[RankView], diagnosis: Diagnosis | None, width: int = TABLE_WIDTH) -> str:
     """A column per rank, a row per collective of each group; '>>' marks the diverging row.
-    '..' = entered and not completed (pending), '..w' = waiting on an async op, '-' = never entered."""
+    '..' = entered and not completed (pending), '..w' = waiting on an async op, '-' = never entered.
+    Narrow columns use short op names (SHORT_OPS)."""
     world = len(ranks)
     label_w = 5
     col = max(10, min(34, (width - label_w - 2) // max(world, 1) - 1))
