@@ -528,6 +528,9 @@ class GroupPool:
 
     def __init__(self, workdir_parent: str | None, preload: list, trace: bool, count_gpus: bool,
                  gpu_leaser=None):
+        # journals and outputs on tmpfs where there is one: a journal line is a syscall per collective
+        if workdir_parent is None and os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+            workdir_parent = "/dev/shm"
         self.workdir = tempfile.mkdtemp(prefix="pytest-nccl-", dir=workdir_parent)
         self.preload = list(preload)
         self.trace = trace

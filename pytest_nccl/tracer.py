@@ -15,6 +15,7 @@ import os
 import sys
 import time
 import zlib
+from time import perf_counter
 
 import torch
 import torch.distributed as dist
@@ -53,10 +54,12 @@ _pg_labels: dict = {}
 class _CallTrace:
     """The trace of one call on this rank."""
 
-    __slots__ = ("writer", "t0", "seq", "digest", "depth", "async_pending")
+    __slots__ = ("writer", "fd", "t0", "seq", "digest", "depth", "async_pending", "default_pg")
 
     def __init__(self, journal_path: str):
         self.writer = JournalWriter(journal_path)
+        self.fd = self.writer.fd  # the hot path writes lines itself (journal.py documents the format)
+        self.default_pg = c10d._get_default_group()
         self.t0 = time.perf_counter()
         self.seq: dict[str, int] = {}
         self.digest: dict[str, int] = {}
@@ -119,14 +122,6 @@ def _describe(value) -> tuple[str, str]:
     return "", ""
 
 
-def _fr_seq(group) -> int | None:
-    try:
-        pg = group if group is not None else c10d._get_default_group()
-        return pg._get_sequence_number_for_group() + 1
-    except Exception:
-        return None
-
-
 def _wrap(name: str, fn):
     try:
         params = list(inspect.signature(fn).parameters)
@@ -164,9 +159,14 @@ def _wrap(name: str, fn):
         if not p2p:
             sig = f"{name} {shapes} {dtype}" if shape_matched else name
             trace.digest[pg] = zlib.crc32(sig.encode(), trace.digest.get(pg, 0))
-        writer = trace.writer
-        writer.entered(pg, seq, name, async_op, time.perf_counter() - trace.t0, shapes, dtype,
-                       _fr_seq(group), call_site(sys._getframe(1)))
+        try:
+            fr_seq = (trace.default_pg if group is None else group)._get_sequence_number_for_group() + 1
+        except Exception:
+            fr_seq = ""
+        # one write, before entering: what survives a SIGABRT inside the collective
+        os.write(trace.fd, (f"E\t{pg}\t{seq}\t{name}\t{1 if async_op else 0}\t"
+                            f"{perf_counter() - trace.t0:.6f}\t{shapes}\t{dtype}\t{fr_seq}\t"
+                            f"{call_site(sys._getframe(1))}\n").encode())
         trace.depth += 1
         try:
             result = fn(*args, **kwargs)
@@ -177,7 +177,7 @@ def _wrap(name: str, fn):
             for work in works:
                 trace.async_pending[id(work)] = (work, pg, seq)
         else:
-            writer.completed(pg, seq, time.perf_counter() - trace.t0)
+            os.write(trace.fd, f"C\t{pg}\t{seq}\t{perf_counter() - trace.t0:.6f}\n".encode())
         return result
 
     traced.__wrapped__ = fn
