@@ -544,7 +544,10 @@ class GroupPool:
     def ensure_zygote(self) -> Zygote:
         if self.zygote is None or self.zygote.proc.poll() is not None:
             env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-                   "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "false")}
+                   "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "false"),
+                   # every socket a rank opens stays on the loopback interface
+                   "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+                   "NCCL_SOCKET_IFNAME": os.environ.get("NCCL_SOCKET_IFNAME", "lo")}
             if self.trace:
                 env.setdefault("TORCH_FR_BUFFER_SIZE", os.environ.get("TORCH_FR_BUFFER_SIZE", "2000"))
             if self.group is not None:

@@ -81,6 +81,32 @@ def lock():
 def test_unpicklable_fixture(rank, lock):
     pass
 
+def _listening_addresses():
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    found = []
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # LISTEN, owned by this rank
+                    found.append(fields[1].split(":")[0])
+    return found
+
+@pytest.mark.nccl
+def test_sockets_listen_on_loopback_only(rank):
+    dist.barrier()
+    addresses = _listening_addresses()
+    assert addresses, "gloo listens somewhere"
+    # 0100007F is 127.0.0.1; all-zero would be every interface
+    assert set(addresses) <= {"0100007F", "00000000000000000000000001000000"}, addresses
+
 def test_plain_tests_untouched():
     assert True
 """
@@ -89,11 +115,11 @@ def test_plain_tests_untouched():
 def test_contract(run_inner):
     inner = run_inner(CONTRACT)
     out = inner.result.parseoutcomes()
-    assert out == {"passed": 8, "failed": 3, "skipped": 1, "xfailed": 3}, inner.text
+    assert out == {"passed": 9, "failed": 3, "skipped": 1, "xfailed": 3}, inner.text
     text = inner.text
     for name in ("test_rank_fixtures", "test_parametrized[1]", "test_parametrized[4]",
                  "test_param_fixture[a]", "test_param_fixture[b]", "TestInClass::test_method",
-                 "test_output", "test_plain_tests_untouched"):
+                 "test_output", "test_plain_tests_untouched", "test_sockets_listen_on_loopback_only"):
         assert f"PASSED test_inner.py::{name}" in text, name
     # per-rank captured output, like pytest's own capture sections
     inner.result.stdout.fnmatch_lines(["*Captured output rank 0*", "hello from rank 0",
