@@ -27,6 +27,8 @@ TIMEOUT_HELP = "bound in seconds for each distributed test (default 120)"
 TRACE_HELP = "record every collective on every rank (on, the default) or not (off)"
 TRACE_DIR_HELP = "write each failed distributed test's collective trace (JSON, Flight Recorder dumps) here"
 REPORT_HELP = "write a validation-gate report (markdown) to this file"
+INFRA_HELP = ("exit with 125 (git bisect's 'skip') when every failure is an "
+              "infrastructure failure: ranks could not start, the library does not import, nothing collected")
 PRELOAD_HELP = "modules the fork server imports once, so that every rank has them"
 RANK_FIXTURES = ("rank", "world_size", "device", "backend")
 BACKENDS = ("auto", "nccl", "gloo")
@@ -47,6 +49,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--nccl-trace", dest="nccl_trace", metavar="on|off", help=TRACE_HELP)
     group.addoption("--nccl-trace-dir", dest="nccl_trace_dir", metavar="DIR", help=TRACE_DIR_HELP)
     group.addoption("--nccl-report", dest="nccl_report", metavar="FILE", help=REPORT_HELP)
+    group.addoption("--nccl-exitcode-infra", dest="nccl_exitcode_infra", action="store_const", const=125,
+                    default=None, help=INFRA_HELP)
     parser.addini("nccl_world", WORLD_HELP, default="2")
     parser.addini("nccl_backend", BACKEND_HELP, default="auto")
     parser.addini("nccl_timeout", TIMEOUT_HELP, default="120")
@@ -128,8 +132,9 @@ class NcclSession:
     cuda_devices: int = -1
     pool: GroupPool | None = None
     test_modules: dict = field(default_factory=dict)    # module name -> path, of nccl-marked tests
-    results: list = field(default_factory=list)         # (nodeid, outcome, duration, headline)
     headlines: dict = field(default_factory=dict)       # nodeid -> headline
+    environment: dict | None = None                      # for the gate report and JUnit properties
+    recorder: "ReportRecorder | None" = None
 
     def devices(self) -> int:
         if self.cuda_devices < 0:
@@ -176,6 +181,8 @@ def pytest_configure(config: pytest.Config) -> None:
         except NcclUsageError as exc:
             raise pytest.UsageError(str(exc)) from None
     config.stash[SESSION_KEY] = session
+    session.recorder = ReportRecorder()
+    config.pluginmanager.register(session.recorder, "nccl-report-recorder")
     _install_sigterm_cleanup(session)
 
 
@@ -355,6 +362,7 @@ def _raise_failure(session: NcclSession, call: protocol.Call, result: CallResult
     exc_class = getattr(errors, diag.exception_name, DistributedTestFailure)
     if item_stash is not None:
         item_stash["headline"] = diag.headline
+        item_stash["kind"] = diag.kind
     session.headlines[call.nodeid] = diag.headline
     if session.trace_dir:
         text = trace_json(call.nodeid, result.ranks, diag, result.elapsed, result.bound, backend)
@@ -474,9 +482,15 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
     pyfuncitem.stash[RESULT_KEY] = stash
     try:
         execute(session, call, world, backend, timeout, stash)
+    except (RankSetupError, NcclUsageError) as exc:
+        # the test could not run at all: git bisect must skip such a commit, not blame it
+        infra = isinstance(exc, RankSetupError) or str(exc).startswith("cannot load")
+        pyfuncitem.user_properties.append(("nccl_infra", "1" if infra else "0"))
+        raise
     finally:
         if "headline" in stash:
             pyfuncitem.user_properties.append(("nccl_diagnosis", stash["headline"]))
+            pyfuncitem.user_properties.append(("nccl_diagnosis_kind", stash["kind"]))
     return True
 
 
@@ -531,7 +545,66 @@ def pytest_runtest_makereport(item, call):
         else:
             line = f"pytest-nccl: {exc}"
             rep.longrepr = NcclLongRepr(line.split("\n")[0], line, path, lineno)
-    nccl = item.config.stash.get(SESSION_KEY, None)
-    if nccl is not None and item.get_closest_marker("nccl") is not None:
-        nccl.results.append((item.nodeid, rep.outcome, rep.duration, nccl.headlines.get(item.nodeid)))
     return rep
+
+
+# -- gate report, JUnit properties, exit codes for git bisect -------------------------------------
+
+def _is_worker(config) -> bool:
+    return hasattr(config, "workerinput")  # an xdist worker: the controller writes the report
+
+
+def pytest_sessionstart(session) -> None:
+    config = session.config
+    nccl = config.stash.get(SESSION_KEY, None)
+    if nccl is None or _is_worker(config):
+        return
+    from _pytest.junitxml import xml_key
+    xml = config.stash.get(xml_key, None)
+    if xml is None and not config.getoption("nccl_report"):
+        return
+    from . import gate
+    nccl.environment = gate.collect_environment()
+    if xml is not None:
+        backend, _ = nccl.backend_for(nccl.world)
+        for name, value in gate.junit_properties(nccl.environment, backend, nccl.world):
+            xml.add_global_property(name, value)
+
+
+class ReportRecorder:
+    """Keeps the reports that decide outcomes, for the gate report and the exit-code mapping.
+    Registered as a plugin object of its own (hooks without a config argument need one)."""
+
+    def __init__(self):
+        self.reports: list = []
+
+    def pytest_runtest_logreport(self, report) -> None:
+        self.reports.append(report)
+
+    def pytest_collectreport(self, report) -> None:
+        if report.failed:
+            self.reports.append(report)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus) -> None:
+    config = session.config
+    nccl = config.stash.get(SESSION_KEY, None)
+    if nccl is None or _is_worker(config):
+        return
+    reports = nccl.recorder.reports
+    path = config.getoption("nccl_report")
+    if path:
+        from . import gate
+        results = [r for r in (gate.result_from_report(rep) for rep in reports) if r is not None]
+        backend, _ = nccl.backend_for(nccl.world)
+        env = getattr(nccl, "environment", None) or gate.collect_environment()
+        markdown = gate.render_report(env, results, backend, nccl.world)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(markdown)
+        gate.append_step_summary(markdown)
+    code = config.getoption("nccl_exitcode_infra")
+    if code is not None:
+        from .bisect import exitcodes
+        failures = [exitcodes.failure_from_report(rep) for rep in reports if rep.failed]
+        session.exitstatus = exitcodes.map_exitstatus(int(exitstatus), failures, code)

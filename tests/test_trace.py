@@ -79,3 +79,42 @@ def test_trace_off(run_inner):
     section = inner.section("test_raises")
     assert "rank 1 raised AssertionError: assert 1 == 0" in section
     assert "all_reduce" not in section.split("-- traceback")[0]
+
+
+GATE = """
+import pytest, torch
+import torch.distributed as dist
+
+@pytest.mark.nccl(world=2)
+def test_desync(rank):
+    if rank == 0:
+        dist.all_reduce(torch.ones(1))
+
+@pytest.mark.nccl(world=2)
+def test_fine(rank):
+    dist.barrier()
+"""
+
+UNLOADABLE = """
+import pytest
+import only_in_the_controller  # made by conftest.py, which ranks do not run
+
+@pytest.mark.nccl(world=2)
+def test_cannot_load(rank):
+    pass
+"""
+
+
+def test_gate_report_step_summary_and_bisect_exit_codes(run_inner, pytester, monkeypatch):
+    summary = pytester.path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    inner = run_inner(GATE, "--nccl-report=gate.md", "--nccl-exitcode-infra")
+    assert inner.result.ret == 1  # a desync is a real failure: git bisect marks the commit bad
+    report = (pytester.path / "gate.md").read_text()
+    assert "backend **gloo**, world size **2**" in report and "| torch | 2.13.0" in report
+    assert "rank 1 left the test (passed) after 0 collectives" in report
+    assert summary.read_text() == report
+
+    pytester.makeconftest("import sys, types\nsys.modules['only_in_the_controller'] = types.ModuleType('x')\n")
+    infra = run_inner(UNLOADABLE, "--nccl-exitcode-infra", "test_unloadable.py", name="test_unloadable")
+    assert infra.result.ret == 125, infra.text  # cannot test this commit: git bisect skips it

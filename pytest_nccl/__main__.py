@@ -1,0 +1,35 @@
+"""``python -m pytest_nccl COMMAND`` (also the ``pytest-nccl`` console script).
+
+Commands:
+  bisect   find the release of a package that broke (or fixed) a pytest selection; see
+           ``python -m pytest_nccl bisect --help`` and docs/bisect.md
+"""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: python -m pytest_nccl bisect PACKAGE --good V --bad V [options] -- PYTEST-ARGS
+       python -m pytest_nccl bisect PACKAGE --sweep --from V --to V [options] -- PYTEST-ARGS
+
+commands:
+  bisect   find the first bad (or first fixed) release of PACKAGE for a pytest selection
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        sys.stdout.write(USAGE)
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "bisect":
+        from .bisect.cli import main as bisect_main
+
+        return bisect_main(rest)
+    sys.stderr.write(f"pytest-nccl: unknown command {cmd!r}\n\n{USAGE}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
