@@ -139,7 +139,11 @@ def _rank_list(ranks) -> str:
 
 def _where(rec: CollectiveRecord) -> str:
     site = short_site(rec.site, 2)
-    return f"{rec.op} #{rec.seq} of group {rec.pg}" + (f" from {site}" if site else "")
+    if rec.source == "flight-recorder":
+        origin = " (issued from C++, seen by the Flight Recorder)"
+    else:
+        origin = f" from {site}" if site else ""
+    return f"{rec.op} #{rec.seq} of group {rec.pg}{origin}"
 
 
 def _stack_top(stack: str) -> str:

@@ -22,6 +22,8 @@ from multiprocessing.connection import Connection, wait
 
 from . import protocol
 from .diagnose import MISMATCH_KINDS, first_divergence
+from .flight import merge as merge_flight_recorder
+from .flight import records_from_dump
 from .errors import RankSetupError
 from .journal import read_journal
 from .protocol import Call, Outcome
@@ -34,6 +36,7 @@ DUMP_WAIT = 1.0               # for stuck ranks to answer a stack / Flight Recor
 TERM_WAIT = 0.5               # between SIGTERM and SIGKILL
 POLL = 0.05                   # how often a call's journals are checked for an unmatchable wait
 STALL_CHECK = 0.5             # no journal grew for this long: look for a mismatched collective
+FR_POLL = 1.0                 # with a rank finished, how often the Flight Recorder is consulted
 ZYGOTE_START_TIMEOUT = 300.0
 # The process group's own timeout is the test's bound plus this margin: no 30-minute default wait,
 # and our bound (which started earlier) still fires first, so the report is ours, not gloo's
@@ -149,6 +152,24 @@ _STATUS = {protocol.PASSED: RANK_PASSED, protocol.FAILED: RANK_FAILED, protocol.
            protocol.XFAILED: RANK_XFAILED, protocol.ERROR: RANK_FAILED}
 
 
+def _journal_path(call: Call, rank: int) -> str:
+    return os.path.join(call.journal_dir, f"journal-{rank}.txt")
+
+
+class _CallState:
+    """What the controller has learned so far about one call."""
+
+    def __init__(self, call: Call, world: int, t0: float, since_ns: int):
+        self.call, self.t0, self.since_ns = call, t0, since_ns
+        self.views = {r: RankView(r) for r in range(world)}
+        self.outcomes: dict[int, Outcome] = {}
+        self.live: dict[int, Connection] = {}
+        self.fr_json: dict[int, str] = {}
+        self.fr_pickle: dict[int, bytes] = {}
+        self.pending_dumps: set = set()
+        self.want_stacks = False
+
+
 class RankGroup:
     """N rank processes joined in one torch.distributed group."""
 
@@ -253,22 +274,21 @@ class RankGroup:
     def run(self, call: Call, bound: float) -> CallResult:
         self.used = True
         call.call_id = next(self.calls)
-        t0 = time.monotonic()
-        deadline = t0 + bound
+        state = _CallState(call, self.world, time.monotonic(), time.time_ns())
+        deadline = state.t0 + bound
         offsets = {r: _size(self.output_path(r)) for r in range(self.world)}
-        views = {r: RankView(r) for r in range(self.world)}
-        outcomes: dict[int, Outcome] = {}
-        for rank, conn in self.conns.items():
+        for conn in self.conns.values():
             try:
                 conn.send(("call", call))
             except OSError:
                 pass
-        live = dict(self.conns)
+        state.live = dict(self.conns)
         reason = "completed"
         decided_at = None
-        next_check = t0 + POLL
-        next_stall_check, last_sizes = t0 + STALL_CHECK, None
-        while live:
+        next_check = state.t0 + POLL
+        next_stall_check, last_sizes = state.t0 + STALL_CHECK, None
+        next_fr_poll = state.t0 + FR_POLL
+        while state.live:
             now = time.monotonic()
             if now >= deadline:
                 reason = "timeout"
@@ -276,112 +296,141 @@ class RankGroup:
             if decided_at is not None and now >= decided_at + GRACE_AFTER_FAILURE:
                 reason = "decided"
                 break
-            ready = wait([*live.values(), self.zygote.conn], timeout=max(0.0, min(deadline, next_check) - now))
+            ready = wait([*state.live.values(), self.zygote.conn],
+                         timeout=max(0.0, min(deadline, next_check) - now))
             for obj in ready:
                 if obj is self.zygote.conn:
                     self.zygote.drain()
-                    continue
-                rank = next(r for r, c in live.items() if c is obj)
-                try:
-                    msg = obj.recv()
-                except (EOFError, OSError):
-                    del live[rank]
-                    views[rank].status = RANK_DEAD
-                    views[rank].finished_at = time.monotonic() - t0
-                    decided_at = decided_at or time.monotonic()
-                    continue
-                if msg[0] == "outcome" and msg[1].call_id == call.call_id:
-                    out = msg[1]
-                    outcomes[rank] = out
-                    views[rank].status = _STATUS[out.status]
-                    views[rank].finished_at = time.monotonic() - t0
-                    del live[rank]
-                    if out.status in (protocol.FAILED, protocol.ERROR):
-                        decided_at = decided_at or time.monotonic()
-            if live and call.trace and time.monotonic() >= next_check:
-                next_check = time.monotonic() + POLL
-                if len(live) < self.world and _waits_for_a_finished_rank(self._journals(call, views), live):
+                elif self._receive(obj, state) and decided_at is None:
+                    decided_at = time.monotonic()
+            if not (state.live and call.trace and time.monotonic() >= next_check):
+                continue
+            next_check = time.monotonic() + POLL
+            finished_some = len(state.live) < self.world
+            if finished_some and _waits_for_a_finished_rank(self._journals(call), state.live):
+                reason = "decided"
+                break
+            if time.monotonic() >= next_stall_check:
+                # no journal grew for a while: are the ranks stuck on a mismatched collective?
+                next_stall_check = time.monotonic() + STALL_CHECK
+                sizes = [_size(_journal_path(call, r)) for r in range(self.world)]
+                if sizes == last_sizes and _stuck_on_mismatch(self._journals(call), state.views, state.live):
                     reason = "decided"
                     break
-                if time.monotonic() >= next_stall_check:
-                    # no journal grew for a while: are the ranks stuck on a mismatched collective?
-                    next_stall_check = time.monotonic() + STALL_CHECK
-                    sizes = [_size(os.path.join(call.journal_dir, f"journal-{r}.txt")) for r in range(self.world)]
-                    if sizes == last_sizes and _stuck_on_mismatch(self._journals(call, views), views, live):
-                        reason = "decided"
-                        break
-                    last_sizes = sizes
-        if live:
-            self._collect_stuck(live, views, call)
+                last_sizes = sizes
+            if finished_some and time.monotonic() >= next_fr_poll:
+                # a rank finished and the others are busy where the journal cannot see: collectives
+                # issued from C++ (DDP's reducer) show in the Flight Recorder
+                next_fr_poll = time.monotonic() + FR_POLL
+                self._request_dumps(state, list(self.conns), 0.5)
+                if len(state.fr_json) == self.world and _waits_for_a_finished_rank(
+                        self._journals(call, state.fr_json, state.since_ns), state.live):
+                    reason = "decided"
+                    break
+        if state.live:
+            # stacks of the ranks still running; Flight Recorder of every rank that can answer
+            state.fr_json.clear()
+            for rank in state.live:
+                state.views[rank].status = RANK_RUNNING
+            self._request_dumps(state, list(self.conns), DUMP_WAIT, want_stacks=True)
+            self._faulthandler_stacks(state)
+            self.healthy = False
+        views, outcomes = state.views, state.outcomes
         result = CallResult(ranks=[views[r] for r in range(self.world)], reason=reason,
-                            outcomes=outcomes, elapsed=time.monotonic() - t0, bound=bound)
+                            outcomes=outcomes, elapsed=time.monotonic() - state.t0, bound=bound)
         if reason != "completed" or any(v.status != RANK_PASSED for v in result.ranks):
             self.healthy = False
-        if not self.healthy:
-            self.kill()
         for rank, view in views.items():
             out = outcomes.get(rank)
             if out is not None:
                 view.exc_type, view.exc_text, view.message = out.exc_type, out.exc_text, out.message
                 if not out.initialized:
                     self.healthy = False  # the test destroyed the default group: start afresh next time
-            view.output = _read_from(self.output_path(rank), offsets[rank])
-            if call.trace:
-                view.records = read_journal(os.path.join(call.journal_dir, f"journal-{rank}.txt"), rank)
-        self._fill_exit_statuses(views)
-        result.fr_json, result.fr_pickle = getattr(self, "_fr_json", {}), getattr(self, "_fr_pickle", {})
-        self._fr_json, self._fr_pickle = {}, {}
-        if not self.healthy and self.pids:
+        if not self.healthy:
             self.kill()
+        for rank, view in views.items():
+            view.output = _read_from(self.output_path(rank), offsets[rank])
+        if call.trace:
+            fr = state.fr_json if len(state.fr_json) == self.world else None
+            for rank, records in self._journals(call, fr, state.since_ns).items():
+                views[rank].records = records
+        self._fill_exit_statuses(views)
+        result.fr_json, result.fr_pickle = dict(state.fr_json), dict(state.fr_pickle)
         return result
 
-    def _journals(self, call: Call, views) -> dict:
-        return {r: read_journal(os.path.join(call.journal_dir, f"journal-{r}.txt"), r) for r in views}
+    def _receive(self, conn: Connection, state: "_CallState") -> bool:
+        """Take one message from a rank during a call. True when it decides the call failed."""
+        rank = next(r for r, c in self.conns.items() if c is conn)
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            state.live.pop(rank, None)
+            self.conns.pop(rank, None)
+            state.views[rank].status = RANK_DEAD
+            state.views[rank].finished_at = time.monotonic() - state.t0
+            return True
+        if msg[0] == "outcome" and msg[1].call_id == state.call.call_id:
+            out = msg[1]
+            state.outcomes[rank] = out
+            state.views[rank].status = _STATUS[out.status]
+            state.views[rank].finished_at = time.monotonic() - state.t0
+            state.live.pop(rank, None)
+            return out.status in (protocol.FAILED, protocol.ERROR)
+        if msg[0] == "dump":
+            state.pending_dumps.discard(rank)
+            if state.want_stacks and rank in state.live:
+                state.views[rank].stack = msg[2]
+            if msg[3]:
+                state.fr_json[rank] = msg[3]
+            if len(msg) > 4 and msg[4]:
+                state.fr_pickle[rank] = msg[4]
+        return False
 
-    def _collect_stuck(self, live: dict, views: dict, call: Call) -> None:
-        """Ask ranks that are still running for their stacks and Flight Recorder: the reader thread
-        answers while the main thread waits in a collective. Where it cannot (the GIL is held in C
-        code), faulthandler writes the stacks on SIGUSR1."""
-        self._fr_json, self._fr_pickle = {}, {}
-        for rank, conn in live.items():
-            views[rank].status = RANK_RUNNING
+    def _request_dumps(self, state: "_CallState", ranks: list, timeout: float, want_stacks=False) -> None:
+        """Ask ranks for stacks and Flight Recorder: their reader thread answers while the main
+        thread waits in a collective, and idle ranks answer too."""
+        state.want_stacks = want_stacks
+        state.pending_dumps = set()
+        for rank in ranks:
+            conn = self.conns.get(rank)
+            if conn is None:
+                continue
             try:
                 conn.send(("dump",))
+                state.pending_dumps.add(rank)
             except OSError:
                 pass
-        waiting = dict(live)
-        deadline = time.monotonic() + DUMP_WAIT
-        while waiting and time.monotonic() < deadline:
-            for obj in wait(list(waiting.values()), timeout=max(0.0, deadline - time.monotonic())):
-                rank = next(r for r, c in waiting.items() if c is obj)
-                try:
-                    msg = obj.recv()
-                except (EOFError, OSError):
-                    views[rank].status = RANK_DEAD
-                    del waiting[rank]
-                    continue
-                if msg[0] == "dump":
-                    views[rank].stack = msg[2]
-                    if msg[3]:
-                        self._fr_json[rank] = msg[3]
-                    if msg[4]:
-                        self._fr_pickle[rank] = msg[4]
-                    del waiting[rank]
-                elif msg[0] == "outcome" and msg[1].call_id == call.call_id:
-                    # it finished after all, while we asked: keep its outcome
-                    views[rank].status = _STATUS[msg[1].status]
-        for rank in waiting:
+        deadline = time.monotonic() + timeout
+        while state.pending_dumps and time.monotonic() < deadline:
+            conns = [self.conns[r] for r in state.pending_dumps if r in self.conns]
+            if not conns:
+                break
+            for obj in wait(conns, timeout=max(0.0, deadline - time.monotonic())):
+                self._receive(obj, state)
+            state.pending_dumps &= set(self.conns)
+
+    def _faulthandler_stacks(self, state: "_CallState") -> None:
+        """Where a running rank could not answer (the GIL held in C code), faulthandler writes its
+        stacks on SIGUSR1."""
+        silent = [r for r in state.live if not state.views[r].stack]
+        for rank in silent:
             pid = self.pids.get(rank)
             if pid:
                 try:
                     os.kill(pid, signal.SIGUSR1)
                 except OSError:
                     pass
-        if waiting:
+        if silent:
             time.sleep(0.2)
-            for rank in waiting:
-                views[rank].stack = _read_from(self.stack_path(rank), 0)[-6000:]
-        self.healthy = False
+            for rank in silent:
+                state.views[rank].stack = _read_from(self.stack_path(rank), 0)[-6000:]
+
+    def _journals(self, call: Call, fr_json: dict | None = None, since_ns: int = 0) -> dict:
+        journals = {r: read_journal(_journal_path(call, r), r) for r in range(self.world)}
+        if fr_json:
+            for r in journals:
+                journals[r] = merge_flight_recorder(journals[r], records_from_dump(fr_json.get(r), r, since_ns))
+        return journals
 
     def _fill_exit_statuses(self, views: dict) -> None:
         dead = [r for r, v in views.items() if v.status == RANK_DEAD]
@@ -436,11 +485,7 @@ def _waits_for_a_finished_rank(journals: dict, live: dict) -> bool:
     that group never completed its #k there: it can never be matched."""
     finished = [r for r in journals if r not in live]
     for rank in live:
-        current = None
-        for rec in reversed(journals[rank]):
-            if rec.pending and (not rec.async_op or rec.state == "waiting"):
-                current = rec
-                break
+        current = RankView(rank, records=journals[rank]).current
         if current is None or current.pg.endswith(":p2p"):
             continue
         members = _members(current.pg, len(journals))
@@ -448,8 +493,11 @@ def _waits_for_a_finished_rank(journals: dict, live: dict) -> bool:
             if other not in members:
                 continue
             theirs = [r for r in journals[other] if r.pg == current.pg]
-            # never reached it, or left it without completing it (raised or died inside)
-            if len(theirs) < current.seq or theirs[current.seq - 1].pending:
+            if len(theirs) < current.seq:
+                return True  # it never reached it
+            # it left it without completing (raised or died inside); the Flight Recorder's own
+            # completion flag is too late to trust for this
+            if theirs[current.seq - 1].pending and theirs[current.seq - 1].source == "python":
                 return True
     return False
 

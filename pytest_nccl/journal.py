@@ -7,6 +7,8 @@ the controller can read it while the rank is stuck. One file per rank per call, 
     E <pg> <seq> <op> <async> <t> <shapes> <dtype> <fr_seq> <site>   entered
     W <pg> <seq> <t>                                                 waits on an async op (Work.wait)
     C <pg> <seq> <t>                                                 completed
+    R <pg> <seq> <fr_seq_end>                                        composite op (all_gather_object):
+                                                                     last group sequence id it used
 
 Imported by ranks: standard library only.
 """
@@ -57,6 +59,10 @@ def parse_journal(text: str, rank: int) -> list[CollectiveRecord]:
                     site=fields[9], state=ENTERED)
                 records.append(rec)
                 by_key[(rec.pg, rec.seq)] = rec
+            elif kind == "R" and len(fields) >= 4:
+                rec = by_key.get((fields[1], int(fields[2])))
+                if rec is not None:
+                    rec.fr_seq_end = int(fields[3])
             elif kind in ("W", "C") and len(fields) >= 4:
                 rec = by_key.get((fields[1], int(fields[2])))
                 if rec is not None:

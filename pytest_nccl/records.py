@@ -38,6 +38,7 @@ class CollectiveRecord:
     duration: float | None = None
     source: str = "python"  # python | flight-recorder (C++-issued: DDP reducer, functional collectives)
     fr_seq: int | None = None  # the process group's own sequence id (Flight Recorder's collective_seq_id)
+    fr_seq_end: int | None = None  # last such id, for ops that run several (all_gather_object: two)
 
     @property
     def signature(self) -> tuple:
@@ -82,6 +83,10 @@ class RankView:
         for rec in reversed(self.records):
             if rec.state == WAITING or (rec.state == ENTERED and not rec.async_op):
                 return rec
+        # issued from C++ (DDP's reducer): the Flight Recorder's last unfinished entry
+        for rec in reversed(self.records):
+            if rec.source == "flight-recorder":
+                return rec if rec.pending else None
         return None
 
     @property

@@ -34,7 +34,7 @@ def _cell(rec: CollectiveRecord | None, width: int) -> str:
     op, shapes = rec.op, rec.shapes
     if len(f"{op} {shapes}{mark}") > width:
         op, shapes = SHORT_OPS.get(op, op), shapes.replace(", ", ",")
-    text = f"{op} {shapes}".strip() + mark
+    text = f"{op}{'*' if rec.source == 'flight-recorder' else ''} {shapes}".strip() + mark
     if len(text) > width:
         text = text[: width - 1] + "~"
     return text.ljust(width)
@@ -54,6 +54,7 @@ def format_table(ranks: list[RankView], diagnosis: Diagnosis | None, width: int 
                 groups.append(rec.pg)
     if not groups:
         return "(no collectives were recorded on any rank)"
+    from_cpp = any(rec.source == "flight-recorder" for v in ranks for rec in v.records)
     lines = []
     header = " " * (label_w + 2) + " ".join(f"rank {r}".ljust(col) for r in range(world))
     for pg in groups:
@@ -76,6 +77,8 @@ def format_table(ranks: list[RankView], diagnosis: Diagnosis | None, width: int 
             lines.append(f"{marker}{('#' + str(i + 1)).rjust(label_w)} {cells}".rstrip())
         if last < n:
             lines.append(f"  ... {n - last} more")
+    if from_cpp:
+        lines.append("  * issued from C++ (DDP's reducer, functional collectives): seen by the Flight Recorder")
     return "\n".join(lines)
 
 
@@ -103,8 +106,12 @@ def format_positions(ranks: list[RankView]) -> str:
             where = v.exit_description
         elif v.status == RANK_RUNNING:
             cur = v.current
-            where = (f"inside {cur.op} #{cur.seq} of group {cur.pg} ({cur.state}) from {short_site(cur.site, 2)}"
-                     if cur is not None else "running, outside any collective")
+            if cur is None:
+                where = "running, outside any collective"
+            else:
+                origin = (f" from {short_site(cur.site, 2)}" if cur.site else
+                          " (issued from C++, Flight Recorder)" if cur.source == "flight-recorder" else "")
+                where = f"inside {cur.op} #{cur.seq} of group {cur.pg} ({cur.state}){origin}"
         else:
             where = v.status + (f": {v.message}" if v.message else "")
         lines.append(f"  rank {v.rank}: {where} [{n} collective{'s' if n != 1 else ''}]")

@@ -39,6 +39,11 @@ CONTRIBUTED = {
     "send_object_list": None, "recv_object_list": None, "batch_isend_irecv": None,
 }
 ALWAYS_ASYNC = frozenset({"isend", "irecv", "batch_isend_irecv"})
+# Ops that run several collectives of the group underneath: the journal notes the last sequence id
+# they used, so that the Flight Recorder's entries for the inner ones are not shown twice.
+COMPOSITE = frozenset({"all_gather_object", "broadcast_object_list", "gather_object",
+                       "scatter_object_list", "send_object_list", "recv_object_list",
+                       "all_gather_coalesced", "all_reduce_coalesced", "monitored_barrier"})
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -134,6 +139,7 @@ def _wrap(name: str, fn):
     p2p = name in P2P_OPS
     shape_matched = name in SHAPE_MATCHED_OPS
     always_async = name in ALWAYS_ASYNC
+    composite = name in COMPOSITE
 
     def traced(*args, **kwargs):
         trace = _active
@@ -178,6 +184,12 @@ def _wrap(name: str, fn):
                 trace.async_pending[id(work)] = (work, pg, seq)
         else:
             os.write(trace.fd, f"C\t{pg}\t{seq}\t{perf_counter() - trace.t0:.6f}\n".encode())
+        if composite:
+            try:
+                end = (trace.default_pg if group is None else group)._get_sequence_number_for_group()
+                os.write(trace.fd, f"R\t{pg}\t{seq}\t{end}\n".encode())
+            except Exception:
+                pass
         return result
 
     traced.__wrapped__ = fn

@@ -2,6 +2,7 @@
 property, async collectives, subgroups, and --nccl-trace=off."""
 
 import json
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -118,3 +119,30 @@ def test_gate_report_step_summary_and_bisect_exit_codes(run_inner, pytester, mon
     pytester.makeconftest("import sys, types\nsys.modules['only_in_the_controller'] = types.ModuleType('x')\n")
     infra = run_inner(UNLOADABLE, "--nccl-exitcode-infra", "test_unloadable.py", name="test_unloadable")
     assert infra.result.ret == 125, infra.text  # cannot test this commit: git bisect skips it
+
+
+DDP = """
+import pytest, torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+@pytest.mark.nccl(world=2, timeout=30)
+def test_ddp_rank_skips_a_step(rank):
+    model = DDP(torch.nn.Linear(4, 4))
+    for step in range(2):
+        if rank == 1 and step == 1:
+            return  # an empty batch: this rank skips forward and backward
+        model(torch.randn(2, 4)).sum().backward()
+"""
+
+
+def test_collectives_issued_from_cpp_come_from_the_flight_recorder(run_inner):
+    """DDP's reducer issues its collectives from C++, where the Python tracer cannot see them: the
+    Flight Recorder can, and the controller consults it once a rank has finished."""
+    inner = run_inner(DDP, "--durations=1")
+    section = inner.section("test_ddp_rank_skips_a_step")
+    assert re.search(r"rank 1 left the test \(passed\) after \d+ collectives in group default; rank 0 waits "
+                     r"in \w+ #\d+ of group default \(issued from C\+\+, seen by the Flight Recorder\)", section)
+    assert "* issued from C++" in section
+    m = re.search(r"([\d.]+)s call +test_inner.py::test_ddp_rank_skips_a_step", inner.text)
+    assert m and float(m.group(1)) < 15, inner.text  # well before the 30 s bound

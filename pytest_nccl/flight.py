@@ -1,0 +1,101 @@
+"""Controller side, pure: read PyTorch Flight Recorder dumps into records and merge them with the
+Python-level journal.
+
+The journal knows call sites but only sees collectives issued from Python; the Flight Recorder sees
+every collective a process group runs, DDP's C++ reducer and functional collectives included, with
+the group's own sequence id (``collective_seq_id``). The tracer stores that id with each Python
+record (``fr_seq``), so the two line up exactly. Like torch's flight_recorder ``loader.py``: reading
+only, no analysis, no torch.
+"""
+
+from __future__ import annotations
+
+import json
+
+from .records import COMPLETED, ENTERED, CollectiveRecord
+
+DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
+          "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8",
+          "Bool": "bool"}
+
+
+def _shapes(sizes: list) -> str:
+    if not sizes:
+        return ""
+    if len(sizes) == 1:
+        return str(list(sizes[0]))
+    if all(s == sizes[0] for s in sizes):
+        return f"{list(sizes[0])}x{len(sizes)}"
+    return ";".join(str(list(s)) for s in sizes[:4]) + (";..." if len(sizes) > 4 else "")
+
+
+def group_name_of(label: str) -> str:
+    """The c10d group name behind a journal label: "default" -> "0", "pg3[0,1]" -> "3"."""
+    if label == "default":
+        return "0"
+    base = label.split(":")[0]
+    return base[2:].split("[")[0] if base.startswith("pg") else base
+
+
+def records_from_dump(text: str, rank: int, since_ns: int = 0) -> list[CollectiveRecord]:
+    """Non-p2p entries created at or after ``since_ns`` (the call's start, wall clock)."""
+    try:
+        dump = json.loads(text)
+    except (TypeError, ValueError):
+        return []
+    out = []
+    entries = [e for e in dump.get("entries", []) if not e.get("is_p2p")]
+    for entry in entries:
+        created = int(entry.get("time_created_ns") or 0)
+        if created < since_ns:
+            continue
+        name = str((entry.get("process_group") or ["?"])[0])
+        op = str(entry.get("profiling_name", "?")).split(":", 1)[-1]
+        dtypes = entry.get("input_dtypes") or []
+        out.append(CollectiveRecord(
+            rank=rank, pg="default" if name == "0" else f"pg{name}", seq=0, op=op,
+            shapes=_shapes(entry.get("input_sizes") or []), dtype=DTYPES.get(dtypes[0], str(dtypes[0]).lower()) if dtypes else "",
+            async_op=True, state=COMPLETED if entry.get("retired") else ENTERED,
+            t_start=(created - since_ns) / 1e9 if since_ns else 0.0, source="flight-recorder",
+            fr_seq=int(entry.get("collective_seq_id") or 0)))
+    return out
+
+
+def merge(python: list[CollectiveRecord], recorded: list[CollectiveRecord]) -> list[CollectiveRecord]:
+    """The Python records plus the Flight Recorder entries they do not cover, each group's in the
+    group's own order, renumbered from 1. A group whose Python records lack sequence ids is left
+    as it is (nothing can be lined up)."""
+    if not recorded:
+        return python
+    labels = {}
+    for rec in python:
+        labels.setdefault(group_name_of(rec.pg), rec.pg)
+    known = {(group_name_of(r.pg), seq) for r in python if r.fr_seq is not None
+             for seq in range(r.fr_seq, (r.fr_seq_end or r.fr_seq) + 1)}
+    by_pg: dict[str, list[CollectiveRecord]] = {}
+    order: list[str] = []
+    for rec in python:
+        if rec.pg not in by_pg:
+            order.append(rec.pg)
+        by_pg.setdefault(rec.pg, []).append(rec)
+    for rec in recorded:
+        name = group_name_of(rec.pg)
+        if (name, rec.fr_seq) in known:
+            continue
+        rec.pg = labels.get(name, rec.pg)
+        if rec.pg not in by_pg:
+            order.append(rec.pg)
+        by_pg.setdefault(rec.pg, []).append(rec)
+    merged = []
+    for pg in order:
+        records = by_pg[pg]
+        if any(r.fr_seq is None for r in records) or pg.endswith(":p2p"):
+            merged.extend(records)
+            continue
+        records.sort(key=lambda r: r.fr_seq)
+        for i, rec in enumerate(records, 1):
+            rec.seq = i
+        merged.extend(records)
+    # groups one after the other, each in its own order: the journal's and the Flight Recorder's
+    # times have different origins, so they do not interleave exactly
+    return merged

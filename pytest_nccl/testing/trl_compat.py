@@ -1,0 +1,141 @@
+"""The one place that knows how TRL's API moved between releases (0.14 .. 1.x).
+
+Differences handled:
+- import paths: ``CPOTrainer``/``ORPOTrainer`` live in ``trl`` up to 0.x and in
+  ``trl.experimental.cpo`` / ``trl.experimental.orpo`` in 1.x;
+- config field renames: SFT's ``max_seq_length`` (<= 0.19) vs ``max_length``; transformers 5's
+  ``activation_checkpointing`` for ``gradient_checkpointing``;
+  fields some releases dropped (CPO/ORPO ``max_prompt_length`` in 1.x);
+- ``processing_class=`` vs the older ``tokenizer=`` trainer argument.
+
+Importing this module sets the offline Hugging Face environment (``setdefault``)
+before TRL is imported; TRL itself is imported on first use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import os
+
+from . import hf_offline_env
+
+hf_offline_env()
+# trl.experimental (CPO/ORPO in 1.x) warns on import; the suites use it on purpose.
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+# name -> candidate (module, trainer class, config class), newest first.
+_LOCATIONS = {
+    "sft": [("trl", "SFTTrainer", "SFTConfig")],
+    "cpo": [("trl.experimental.cpo", "CPOTrainer", "CPOConfig"), ("trl", "CPOTrainer", "CPOConfig")],
+    "orpo": [("trl.experimental.orpo", "ORPOTrainer", "ORPOConfig"), ("trl", "ORPOTrainer", "ORPOConfig")],
+    "grpo": [("trl", "GRPOTrainer", "GRPOConfig")],
+    "dpo": [("trl", "DPOTrainer", "DPOConfig")],
+}
+
+# Same meaning, other spelling: first one the config class has wins.
+_ALIASES = {
+    "max_length": ("max_length", "max_seq_length"),
+    # transformers 5 renamed it; the old name still exists there, deprecated (FutureWarning)
+    "gradient_checkpointing": ("activation_checkpointing", "gradient_checkpointing"),
+}
+# Fields that a release may not have at all: dropped when absent.
+_OPTIONAL = {"max_prompt_length", "dataset_num_proc", "use_liger_kernel", "use_liger"}
+
+# What every trainer in a test gets: CPU, no saving, no logging, no workers.
+QUIET_ARGS = dict(
+    use_cpu=True,
+    report_to=[],
+    save_strategy="no",
+    logging_strategy="no",
+    disable_tqdm=True,
+    dataloader_num_workers=0,
+    dataloader_pin_memory=False,
+    ddp_find_unused_parameters=False,
+    bf16=False,
+    fp16=False,
+    seed=0,
+    learning_rate=1e-3,
+    gradient_checkpointing=False,  # newer TRL configs default to True; pointless on tiny models
+)
+
+
+def classes(name: str):
+    """(TrainerClass, ConfigClass) for ``name`` in "sft", "cpo", "orpo", "grpo", "dpo"."""
+    errors = []
+    for module, trainer, config in _LOCATIONS[name]:
+        try:
+            mod = importlib.import_module(module)
+            return getattr(mod, trainer), getattr(mod, config)
+        except (ImportError, AttributeError) as exc:
+            errors.append(f"{module}.{trainer}: {exc!r}")
+    raise ImportError(f"no {name} trainer in this TRL: " + "; ".join(errors))
+
+
+def preload(*names: str, model_kinds=("llama", "qwen2")) -> dict:
+    """Import now what the first trainer would import lazily (TRL and transformers load trainer
+    and model modules on first use, several seconds): the trainer/config classes of ``names``,
+    transformers' Trainer, accelerate, datasets and the ``model_kinds`` modeling code.  Call it
+    at a test module's top level: the plugin preloads test modules in its fork server, so every
+    rank starts with these paid for.  Returns {name: (TrainerClass, ConfigClass)}."""
+    import accelerate  # noqa: F401
+    import datasets  # noqa: F401
+    import transformers.trainer  # noqa: F401
+
+    from .models import _config_class
+
+    for kind in model_kinds:
+        _config_class(kind)
+        importlib.import_module(f"transformers.models.{kind}.modeling_{kind}")
+    return {name: classes(name) for name in names}
+
+
+def make_config(name: str, output_dir, **kwargs):
+    """Config for trainer ``name`` with ``QUIET_ARGS`` under ``kwargs``, field names
+    translated to what the installed TRL calls them."""
+    _, config_cls = classes(name)
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+    args = dict(QUIET_ARGS)
+    args.update(kwargs)
+    out = {"output_dir": str(output_dir)}
+    for key, value in args.items():
+        alias = next((a for a in _ALIASES.get(key, ()) if a in fields), None)
+        if alias is not None:
+            key = alias
+        elif key not in fields and key in _OPTIONAL:
+            continue
+        out[key] = value
+    return config_cls(**out)
+
+
+def make_trainer(name: str, *, model, args, tokenizer, train_dataset, **kwargs):
+    """Build trainer ``name``, passing ``tokenizer`` as ``processing_class`` or ``tokenizer``."""
+    trainer_cls, _ = classes(name)
+    params = inspect.signature(trainer_cls.__init__).parameters
+    key = "processing_class" if "processing_class" in params else "tokenizer"
+    kwargs[key] = tokenizer
+    return trainer_cls(model=model, args=args, train_dataset=train_dataset, **kwargs)
+
+
+def reset_accelerate_state() -> None:
+    """Forget accelerate's process-wide singletons (the process group stays up)."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def train(name: str, *, model, tokenizer, train_dataset, output_dir, trainer_kwargs=None, **config):
+    """Reset accelerate state, build config and trainer ``name``, run ``trainer.train()``,
+    reset again; returns the trainer."""
+    reset_accelerate_state()
+    try:
+        args = make_config(name, output_dir, **config)
+        trainer = make_trainer(
+            name, model=model, args=args, tokenizer=tokenizer, train_dataset=train_dataset, **(trainer_kwargs or {})
+        )
+        trainer.train()
+        return trainer
+    finally:
+        reset_accelerate_state()

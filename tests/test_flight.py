@@ -1,0 +1,38 @@
+"""Merging the Flight Recorder's entries with the Python journal, on hand-written data."""
+
+import json
+
+from pytest_nccl.flight import group_name_of, merge, records_from_dump
+from pytest_nccl.records import CollectiveRecord
+
+
+def entry(seq, op="all_reduce", pg="0", sizes=((20,),), created=2_000, retired=True, p2p=False):
+    return {"collective_seq_id": seq, "profiling_name": f"gloo:{op}", "process_group": [pg, "default_pg"],
+            "input_sizes": [list(s) for s in sizes], "input_dtypes": ["Float"], "time_created_ns": created,
+            "retired": retired, "is_p2p": p2p}
+
+
+def test_cpp_entries_fill_the_gaps_and_renumber():
+    python = [CollectiveRecord(0, "default", 1, "all_reduce", "[4]", "float32", fr_seq=11, t_start=0.1),
+              CollectiveRecord(0, "default", 2, "all_gather_object", fr_seq=13, fr_seq_end=14, t_start=0.3)]
+    dump = json.dumps({"entries": [entry(10, created=500),            # before the call: dropped
+                                   entry(11), entry(12, "broadcast", created=2_500),
+                                   entry(13, "all_gather"), entry(14, "all_gather"),  # inside the object op
+                                   entry(15, retired=False, created=3_000),
+                                   entry(1, p2p=True)]})
+    recorded = records_from_dump(dump, rank=0, since_ns=1_000)
+    assert [r.fr_seq for r in recorded] == [11, 12, 13, 14, 15]
+    merged = merge(python, recorded)
+    assert [(r.seq, r.op, r.source) for r in merged] == [
+        (1, "all_reduce", "python"), (2, "broadcast", "flight-recorder"),
+        (3, "all_gather_object", "python"), (4, "all_reduce", "flight-recorder")]
+    assert merged[1].shapes == "[20]" and merged[1].dtype == "float32"
+    assert merged[3].pending and not merged[1].pending
+
+
+def test_group_names_line_up_with_journal_labels():
+    assert group_name_of("default") == "0" and group_name_of("pg3[0,1]") == "3"
+    python = [CollectiveRecord(1, "pg3[0,1]", 1, "all_reduce", fr_seq=1)]
+    merged = merge(python, records_from_dump(json.dumps({"entries": [entry(2, pg="3")]}), 1))
+    assert [(r.pg, r.seq) for r in merged] == [("pg3[0,1]", 1), ("pg3[0,1]", 2)]
+    assert records_from_dump("not json", 0) == []
