@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 SHAPE_MATCHED_OPS = frozenset({
     "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base",
     "all_gather_coalesced", "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base",
-    "all_reduce_coalesced", "gather", "scatter",
+    "all_reduce_coalesced", "gather", "scatter", "all_gather_single", "reduce_scatter_single",
 })
 P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "send_object_list", "recv_object_list",
                      "batch_isend_irecv"})

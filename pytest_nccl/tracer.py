@@ -30,6 +30,7 @@ from .records import P2P_OPS, SHAPE_MATCHED_OPS
 CONTRIBUTED = {
     "all_reduce": "tensor", "broadcast": "tensor", "reduce": "tensor",
     "all_gather": "tensor", "all_gather_into_tensor": "input_tensor", "_all_gather_base": "input_tensor",
+    "all_gather_single": "input_tensor", "reduce_scatter_single": "input",  # FSDP2 in torch 2.13
     "all_gather_coalesced": "input_tensor_list", "all_reduce_coalesced": "tensors",
     "reduce_scatter": "output", "reduce_scatter_tensor": "input", "_reduce_scatter_base": "input",
     "gather": "tensor", "scatter": "tensor", "all_to_all": "input_tensor_list",
@@ -49,7 +50,8 @@ _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _TESTING_DIR = _PKG_DIR + "testing" + os.sep
 # Thin communication shims whose frames say nothing about who issued the collective.
-_SHIM_MARKERS = (os.sep + "deepspeed" + os.sep + "comm" + os.sep,)
+_SHIM_MARKERS = (os.sep + "deepspeed" + os.sep + "comm" + os.sep,
+                 os.sep + os.path.join("deepspeed", "utils", "nvtx.py"))  # instrument_w_nvtx
 SITE_DEPTH = 4  # distinct files in a call site chain
 
 _internal_code: dict = {}
