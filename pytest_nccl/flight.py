@@ -61,41 +61,51 @@ def records_from_dump(text: str, rank: int, since_ns: int = 0) -> list[Collectiv
     return out
 
 
-def merge(python: list[CollectiveRecord], recorded: list[CollectiveRecord]) -> list[CollectiveRecord]:
-    """The Python records plus the Flight Recorder entries they do not cover, each group's in the
-    group's own order, renumbered from 1. A group whose Python records lack sequence ids is left
-    as it is (nothing can be lined up)."""
-    if not recorded:
-        return python
+def merge(journals: dict[int, list[CollectiveRecord]],
+          dumps: dict[int, list[CollectiveRecord]]) -> dict[int, list[CollectiveRecord]]:
+    """Every rank's Python records plus the Flight Recorder entries they do not cover.
+
+    A group's records are numbered from its sequence ids, relative to the smallest one any rank
+    recorded in this call: the same numbering on every rank even when one rank's ring buffer has
+    already dropped its oldest entries. A group whose Python records lack sequence ids (Flight
+    Recorder off) keeps the tracer's own numbering."""
+    merged = {rank: _combine(journals[rank], dumps.get(rank, [])) for rank in journals}
+    base: dict[str, int] = {}
+    unnumbered: set = set()
+    for records in merged.values():
+        for rec in records:
+            if rec.fr_seq is None:
+                unnumbered.add(rec.pg)
+            else:
+                base[rec.pg] = min(base.get(rec.pg, rec.fr_seq), rec.fr_seq)
+    for records in merged.values():
+        for rec in records:
+            if rec.pg in base and rec.pg not in unnumbered and not rec.pg.endswith(":p2p"):
+                rec.seq = rec.fr_seq - base[rec.pg] + 1
+    return merged
+
+
+def _combine(python: list[CollectiveRecord], recorded: list[CollectiveRecord]) -> list[CollectiveRecord]:
+    """One rank: its Python records plus the entries they do not cover, group by group, each group
+    in its own order (the journal's and the Flight Recorder's clocks have different origins, so
+    times do not interleave exactly)."""
     labels = {}
     for rec in python:
         labels.setdefault(group_name_of(rec.pg), rec.pg)
     known = {(group_name_of(r.pg), seq) for r in python if r.fr_seq is not None
              for seq in range(r.fr_seq, (r.fr_seq_end or r.fr_seq) + 1)}
     by_pg: dict[str, list[CollectiveRecord]] = {}
-    order: list[str] = []
     for rec in python:
-        if rec.pg not in by_pg:
-            order.append(rec.pg)
         by_pg.setdefault(rec.pg, []).append(rec)
     for rec in recorded:
         name = group_name_of(rec.pg)
         if (name, rec.fr_seq) in known:
             continue
         rec.pg = labels.get(name, rec.pg)
-        if rec.pg not in by_pg:
-            order.append(rec.pg)
         by_pg.setdefault(rec.pg, []).append(rec)
-    merged = []
-    for pg in order:
-        records = by_pg[pg]
-        if any(r.fr_seq is None for r in records) or pg.endswith(":p2p"):
-            merged.extend(records)
-            continue
-        records.sort(key=lambda r: r.fr_seq)
-        for i, rec in enumerate(records, 1):
-            rec.seq = i
-        merged.extend(records)
-    # groups one after the other, each in its own order: the journal's and the Flight Recorder's
-    # times have different origins, so they do not interleave exactly
-    return merged
+    combined = []
+    for records in by_pg.values():
+        if all(r.fr_seq is not None for r in records):
+            records.sort(key=lambda r: r.fr_seq)
+        combined.extend(records)
+    return combined

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
 from . import protocol
-from .diagnose import MISMATCH_KINDS, first_divergence
+from .diagnose import MISMATCH_KINDS, first_divergence, members_of
 from .flight import merge as merge_flight_recorder
 from .flight import records_from_dump
 from .errors import RankSetupError
@@ -428,8 +428,8 @@ class RankGroup:
     def _journals(self, call: Call, fr_json: dict | None = None, since_ns: int = 0) -> dict:
         journals = {r: read_journal(_journal_path(call, r), r) for r in range(self.world)}
         if fr_json:
-            for r in journals:
-                journals[r] = merge_flight_recorder(journals[r], records_from_dump(fr_json.get(r), r, since_ns))
+            dumps = {r: records_from_dump(fr_json.get(r), r, since_ns) for r in journals}
+            journals = merge_flight_recorder(journals, dumps)
         return journals
 
     def _fill_exit_statuses(self, views: dict) -> None:
@@ -488,7 +488,7 @@ def _waits_for_a_finished_rank(journals: dict, live: dict) -> bool:
         current = RankView(rank, records=journals[rank]).current
         if current is None or current.pg.endswith(":p2p"):
             continue
-        members = _members(current.pg, len(journals))
+        members = members_of(current.pg, len(journals))
         for other in finished:
             if other not in members:
                 continue
@@ -511,18 +511,6 @@ def _stuck_on_mismatch(journals: dict, views: dict, live: dict) -> bool:
     trial = [RankView(r, status=views[r].status, records=journals[r]) for r in range(len(journals))]
     div = first_divergence(trial)
     return div is not None and div.kind in MISMATCH_KINDS
-
-
-def _members(pg: str, world: int) -> set:
-    if pg == "default":
-        return set(range(world))
-    inside = pg[pg.find("[") + 1: pg.find("]")] if "[" in pg else ""
-    if inside and not inside.endswith("..."):
-        try:
-            return {int(x) for x in inside.split(",")}
-        except ValueError:
-            pass
-    return set(range(world))
 
 
 def describe_wait_status(status: int) -> str:

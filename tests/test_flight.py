@@ -12,7 +12,7 @@ def entry(seq, op="all_reduce", pg="0", sizes=((20,),), created=2_000, retired=T
             "retired": retired, "is_p2p": p2p}
 
 
-def test_cpp_entries_fill_the_gaps_and_renumber():
+def test_cpp_entries_fill_the_gaps_numbered_by_the_groups_own_sequence():
     python = [CollectiveRecord(0, "default", 1, "all_reduce", "[4]", "float32", fr_seq=11, t_start=0.1),
               CollectiveRecord(0, "default", 2, "all_gather_object", fr_seq=13, fr_seq_end=14, t_start=0.3)]
     dump = json.dumps({"entries": [entry(10, created=500),            # before the call: dropped
@@ -22,10 +22,10 @@ def test_cpp_entries_fill_the_gaps_and_renumber():
                                    entry(1, p2p=True)]})
     recorded = records_from_dump(dump, rank=0, since_ns=1_000)
     assert [r.fr_seq for r in recorded] == [11, 12, 13, 14, 15]
-    merged = merge(python, recorded)
+    merged = merge({0: python}, {0: recorded})[0]
     assert [(r.seq, r.op, r.source) for r in merged] == [
         (1, "all_reduce", "python"), (2, "broadcast", "flight-recorder"),
-        (3, "all_gather_object", "python"), (4, "all_reduce", "flight-recorder")]
+        (3, "all_gather_object", "python"), (5, "all_reduce", "flight-recorder")]  # #4 ran inside #3
     assert merged[1].shapes == "[20]" and merged[1].dtype == "float32"
     assert merged[3].pending and not merged[1].pending
 
@@ -33,6 +33,16 @@ def test_cpp_entries_fill_the_gaps_and_renumber():
 def test_group_names_line_up_with_journal_labels():
     assert group_name_of("default") == "0" and group_name_of("pg3[0,1]") == "3"
     python = [CollectiveRecord(1, "pg3[0,1]", 1, "all_reduce", fr_seq=1)]
-    merged = merge(python, records_from_dump(json.dumps({"entries": [entry(2, pg="3")]}), 1))
+    merged = merge({1: python}, {1: records_from_dump(json.dumps({"entries": [entry(2, pg="3")]}), 1)})[1]
     assert [(r.pg, r.seq) for r in merged] == [("pg3[0,1]", 1), ("pg3[0,1]", 2)]
     assert records_from_dump("not json", 0) == []
+
+
+def test_numbering_stays_aligned_when_one_ring_buffer_dropped_entries():
+    """Rank 1's Flight Recorder kept only its last entries: numbers still match across ranks."""
+    full = [entry(seq, created=2_000 + seq) for seq in range(100, 106)]
+    dumps = {0: records_from_dump(json.dumps({"entries": full}), 0, 1_000),
+             1: records_from_dump(json.dumps({"entries": full[3:]}), 1, 1_000)}
+    merged = merge({0: [], 1: []}, dumps)
+    assert [r.seq for r in merged[0]] == [1, 2, 3, 4, 5, 6]
+    assert [r.seq for r in merged[1]] == [4, 5, 6]
