@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 # What a call runs on the ranks.
 KIND_TEST = "test"      # a test function marked nccl: its return value is ignored
 KIND_FUNCTION = "fn"    # nccl_world.run(fn): the return value is sent back, pickled
-KIND_HEALTH = "health"  # one all_reduce on the default group, before reusing a warm group
 
 
 @dataclass
@@ -48,4 +47,5 @@ class Outcome:
     message: str = ""               # one line: exception or skip reason
     digest: dict = field(default_factory=dict)  # pg -> (count, crc) of the call's collectives
     initialized: bool = True        # torch.distributed still initialized after the call
+    dangling: int = 0               # async collectives still in flight when the call returned
     duration: float = 0.0

@@ -131,15 +131,6 @@ def _format_exception(exc: BaseException) -> str:
     return "".join(lines)
 
 
-def _health_check() -> None:
-    import torch
-    import torch.distributed as dist
-    t = torch.ones(1)
-    dist.all_reduce(t)
-    if int(t.item()) != dist.get_world_size():
-        raise RuntimeError(f"health check: all_reduce gave {t.item()}")
-
-
 def _rank_fixtures(names, rank: int) -> dict:
     """Values of the fixtures that only exist inside a rank."""
     if not names:
@@ -156,12 +147,6 @@ def _rank_fixtures(names, rank: int) -> dict:
 def run_call(call: Call, rank: int) -> Outcome:
     import torch.distributed as dist
     start = time.perf_counter()
-    if call.kind == protocol.KIND_HEALTH:
-        try:
-            _health_check()
-            return Outcome(call.call_id, rank, protocol.PASSED)
-        except BaseException as exc:
-            return Outcome(call.call_id, rank, protocol.ERROR, message=f"health check failed: {exc}")
     try:
         fn = resolve(call)
         args, kwargs = pickle.loads(call.payload) if call.payload else ((), {})
@@ -189,7 +174,7 @@ def run_call(call: Call, rank: int) -> Outcome:
         if status == protocol.FAILED:
             message = f"{exc_type}: {message}" if message else exc_type
     finally:
-        digest = tracer.stop() if call.trace else {}
+        digest, dangling = tracer.stop() if call.trace else ({}, 0)
     payload = b""
     if call.kind == protocol.KIND_FUNCTION and status == protocol.PASSED:
         try:
@@ -199,7 +184,7 @@ def run_call(call: Call, rank: int) -> Outcome:
             message = (f"rank {rank} returned a value that cannot be pickled "
                        f"({type(value).__name__}): {type(exc).__name__}: {exc}")
     return Outcome(call.call_id, rank, status, value=payload, exc_type=exc_type, exc_text=exc_text,
-                   message=message, digest=digest, initialized=dist.is_initialized(),
+                   message=message, digest=digest, dangling=dangling, initialized=dist.is_initialized(),
                    duration=time.perf_counter() - start)
 
 

@@ -243,24 +243,28 @@ def start(journal_path: str) -> None:
     _active = _CallTrace(journal_path)
 
 
-def stop() -> dict[str, tuple[int, int]]:
+def stop() -> tuple[dict[str, tuple[int, int]], int]:
     """End the call's trace; return per process group (count, crc of signatures), which the
-    controller compares across ranks without reading the journals."""
+    controller compares across ranks without reading the journals, and how many async collectives
+    are still in flight."""
     global _active
     trace = _active
     if trace is None:
-        return {}
+        return {}, 0
     _active = None
     now = time.perf_counter() - trace.t0
+    dangling = 0
     for work, pg, seq in trace.async_pending.values():
         try:
             if work.is_completed():
                 trace.writer.completed(pg, seq, now)
+            else:
+                dangling += 1
         except Exception:
             pass
     trace.writer.close()
     counts = {pg: n for pg, n in trace.seq.items() if not pg.endswith(":p2p")}
-    return {pg: (counts.get(pg, 0), trace.digest.get(pg, 0)) for pg in counts}
+    return {pg: (counts.get(pg, 0), trace.digest.get(pg, 0)) for pg in counts}, dangling
 
 
 def flight_recorder_json() -> str | None:
