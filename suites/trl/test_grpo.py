@@ -1,0 +1,60 @@
+"""GRPO with top-entropy masking when one rank's completion mask is empty.
+
+huggingface/trl#4041: ``get_high_entropy_mask`` returned early when the rank's mask had no
+tokens, skipping the ``accelerator.gather`` its peers entered.  A rank's mask is empty when
+``mask_truncated_completions=True`` and every one of its completions ran to
+``max_completion_length`` without EOS.  Bad: 0.21.0 to 0.23.0 (checked in the
+wheels); good: 0.23.1 and later, which pads across processes instead of returning early.
+
+The data decides which rank's completions end: here rank 0's generation is forced to end in EOS
+(``forced_eos_token_id``) and rank 1's may not produce EOS (``suppress_tokens``), so rank 1's
+mask is empty on every step whatever the random tiny model samples.
+"""
+
+import pytest
+
+from pytest_nccl.testing import trl_compat as compat  # first: offline HF environment
+from pytest_nccl.testing import data, tiny_causal_lm, tiny_tokenizer
+from datasets import Dataset
+
+# Trainer modules load lazily (seconds): pay that once, in the plugin's fork server.
+compat.preload("grpo")
+
+
+def reward_len(completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+def _grpo_has_entropy_mask():
+    import dataclasses
+
+    _, config = compat.classes("grpo")
+    return "top_entropy_quantile" in {f.name for f in dataclasses.fields(config)}
+
+
+@pytest.mark.nccl(world=2)
+def test_grpo_entropy_mask_one_rank_empty(rank, tmp_path):
+    """Regression for trl#4041: rank 1 has no unmasked completion token; rank 0 has some.
+    Fails (CollectiveMismatch: rank 1 skips the entropy all_gather) on trl 0.21.0 .. 0.23.0."""
+    if not _grpo_has_entropy_mask():
+        pytest.skip("this TRL's GRPO has no top_entropy_quantile (added in 0.21)")
+    tok = tiny_tokenizer(padding_side="left")
+    ends = {"forced_eos_token_id": tok.eos_token_id} if rank == 0 else {"suppress_tokens": [tok.eos_token_id]}
+    trainer = compat.train(
+        "grpo",
+        model=tiny_causal_lm("llama", tokenizer=tok),
+        tokenizer=tok,
+        train_dataset=Dataset.from_dict(data.prompt_rows(rank)),
+        output_dir=tmp_path,
+        trainer_kwargs={"reward_funcs": reward_len},
+        max_steps=1,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_prompt_length=16,
+        max_completion_length=4,
+        mask_truncated_completions=True,
+        top_entropy_quantile=0.2,
+        generation_kwargs=ends,
+        beta=0.0,
+    )
+    assert trainer.state.global_step == 1

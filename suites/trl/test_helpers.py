@@ -1,0 +1,66 @@
+"""The tiny tokenizer/model factory the suites stand on (controller side, no ranks)."""
+
+from pytest_nccl.testing import trl_compat as compat  # first: offline HF environment
+from pytest_nccl.testing import data, tiny_causal_lm, tiny_tokenizer
+
+
+def test_tokenizer_is_byte_level_and_prefix_stable():
+    tok = tiny_tokenizer()
+    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
+    assert len(tok("hello world")["input_ids"]) == len("hello world")
+    assert tok.decode(tok("héllo, world")["input_ids"]) == "héllo, world"
+    prompt, completion = "abc", " def"
+    full = tok(prompt + completion)["input_ids"]
+    assert full[: len(tok(prompt)["input_ids"])] == tok(prompt)["input_ids"]
+    assert "token_type_ids" not in tok("x")
+
+
+def test_chat_template_renders_roles_and_generation_prompt():
+    tok = tiny_tokenizer()
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    assert tok.apply_chat_template(msgs, tokenize=False) == "<|user|>hi<|end|><|assistant|>yo<|end|>"
+    prompt = tok.apply_chat_template(msgs[:1], tokenize=False, add_generation_prompt=True)
+    assert prompt == "<|user|>hi<|end|><|assistant|>"
+
+
+def test_models_are_tiny_seeded_and_match_the_tokenizer():
+    import torch
+
+    tok = tiny_tokenizer()
+    for kind in ("llama", "qwen2"):
+        a, b = tiny_causal_lm(kind, tokenizer=tok), tiny_causal_lm(kind, tokenizer=tok)
+        assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+        assert sum(p.numel() for p in a.parameters()) < 50_000
+        assert a.config.vocab_size == len(tok) and a.config.pad_token_id == tok.pad_token_id
+        out = a(**tok(["ab", "abcd"], padding=True, return_tensors="pt"))
+        assert out.logits.shape == (2, 4, len(tok))
+    c = tiny_causal_lm("llama", tokenizer=tok, seed=1)
+    assert not torch.equal(next(a.parameters()), next(c.parameters()))
+
+
+def test_compat_finds_every_trainer_and_translates_fields(tmp_path):
+    for name in ("sft", "cpo", "orpo", "grpo"):
+        trainer_cls, config_cls = compat.classes(name)
+        assert trainer_cls.__name__.lower().startswith(name)
+    args = compat.make_config("sft", tmp_path, max_length=24, max_steps=1)
+    assert getattr(args, "max_length", None) == 24 or getattr(args, "max_seq_length", None) == 24
+    assert args.use_cpu and args.save_strategy == "no" and not args.report_to
+
+
+def test_data_bands():
+    """Rank bands are disjoint in tokens (so padded lengths differ), counts are uneven, and the
+    control has one length everywhere."""
+    tok = tiny_tokenizer()
+
+    def n_tokens(row):
+        return len(tok(row if isinstance(row, str) else "".join(m["content"] for m in row))["input_ids"])
+
+    for rows in (data.text_rows, data.conversation_rows):
+        n0 = [n_tokens(x) for x in next(iter(rows(0).values()))]
+        n1 = [n_tokens(x) for x in next(iter(rows(1).values()))]
+        assert max(n0) < min(n1) and len(n0) < len(n1)
+    assert max(data.lengths(0)) < min(data.lengths(1))
+    assert len(data.lengths(1)) > len(data.lengths(0))
+    assert set(data.lengths(0, ragged=False)) == set(data.lengths(1, ragged=False)) == {8}
+    rows = data.preference_rows(1)
+    assert all(len(c) == n for c, n in zip(rows["chosen"], data.lengths(1)))
