@@ -16,6 +16,8 @@ from .records import (P2P_OPS, RANK_DEAD, RANK_FAILED, RANK_PASSED, RANK_RUNNING
 SHAPE_MISMATCH, DTYPE_MISMATCH, OP_MISMATCH = "shape-mismatch", "dtype-mismatch", "op-mismatch"
 RANK_LEFT, GROUP_MISMATCH = "rank-left", "group-mismatch"
 MISMATCH_KINDS = frozenset({SHAPE_MISMATCH, DTYPE_MISMATCH, OP_MISMATCH})
+# What gloo prints when ranks disagree on a collective's sizes (gloo::EnforceNotMet, then SIGABRT)
+GLOO_SIZE_MISMATCH = ("Received data size doesn't match expected size", "invalid tensor size")
 RAISED, DIED, HANG, SLOW_RANK, TIMEOUT = "rank-raised", "rank-died", "hang", "slow-rank", "timeout"
 SKIP_MISMATCH, SETUP = "skip-mismatch", "setup"
 
@@ -132,13 +134,31 @@ def brief(message: str, limit: int = 100) -> str:
     return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
+# Libraries whose frames only relay a collective for the code that asked for it: the headline names
+# the caller (trl/trainer/sft_trainer.py:448, "via accelerate"); the trace keeps every frame.
+RELAY_PACKAGES = ("accelerate",)
+
+
+def headline_site(site: str) -> str:
+    """The call site for a headline: the first frame outside the relaying libraries, then the
+    frame after it."""
+    frames = [short_path(s) for s in site.split(" <- ") if s]
+    relays = []
+    while len(frames) > 1 and frames[0].split("/", 1)[0] in RELAY_PACKAGES:
+        package = frames.pop(0).split("/", 1)[0]
+        if package not in relays:
+            relays.append(package)
+    text = " <- ".join(frames[:2])
+    return f"{text}, via {', '.join(relays)}" if relays and text else text
+
+
 def _rank_list(ranks) -> str:
     ranks = sorted(ranks)
     return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, ranks))
 
 
 def _where(rec: CollectiveRecord) -> str:
-    site = short_site(rec.site, 2)
+    site = headline_site(rec.site)
     if rec.source == "flight-recorder":
         origin = " (issued from C++, seen by the Flight Recorder)"
     else:
@@ -197,6 +217,15 @@ def diagnose(ranks: list[RankView], reason: str, bound: float) -> Diagnosis | No
         return _mismatch(div, ranks)
     if div is not None:  # some members absent from a collective that others entered
         return _absent(div, ranks, reason, bound)
+    gloo_mismatch = [v for v in ranks if any(m in v.output for m in GLOO_SIZE_MISMATCH)]
+    if gloo_mismatch and (dead or failed):
+        # no records to compare (trace off, or the rank died before writing), but gloo said it
+        victim = gloo_mismatch[0]
+        said = next(line.strip() for line in victim.output.splitlines()
+                    if any(m in line for m in GLOO_SIZE_MISMATCH))
+        return Diagnosis(SHAPE_MISMATCH, f"shape mismatch in a collective (gloo on rank {victim.rank}: "
+                         f"{brief(said, 120)}); rank {victim.rank} {victim.exit_description}"
+                         f"{_waiting_summary(ranks)}", [victim.rank])
     if dead:
         first = min(dead, key=lambda v: v.finished_at or 0)
         return Diagnosis(DIED, f"{_rank_list([first.rank])} {first.exit_description}"
@@ -263,7 +292,7 @@ def _mismatch(div: Divergence, ranks: list[RankView]) -> Diagnosis:
         detail = ", ".join(f"{_rank_list(rs)} {value or '?'}" for value, rs in groups.items())
         op = next(iter(recs.values())).op
         what = f"{'dtype' if attr == 'dtype' else 'shape'} mismatch in {op} #{div.seq} of group {div.pg}: {detail}"
-    site = short_site(next(iter(recs.values())).site, 2)
+    site = headline_site(next(iter(recs.values())).site)
     if site:
         what += f" (from {site})"
     consequences = []

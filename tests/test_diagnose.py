@@ -114,3 +114,24 @@ def test_short_site_strips_site_packages():
     assert short_site("/v/lib/python3.11/site-packages/accelerate/utils/operations.py:10 <- "
                       "/v/lib/python3.11/site-packages/trl/trainer/sft_trainer.py:512") == \
         "accelerate/utils/operations.py:10 <- trl/trainer/sft_trainer.py:512"
+
+
+def test_headline_names_the_caller_behind_accelerate():
+    site = ("/v/site-packages/accelerate/utils/operations.py:349 <- /v/site-packages/accelerate/accelerator.py:2539"
+            " <- /v/site-packages/trl/trainer/sft_trainer.py:448 <- /w/test_sft.py:30")
+    ranks = [view(0, "dead", [rec(0, 1, "all_gather", "[2, 7]", "entered", site=site)], signal_name="SIGABRT"),
+             view(1, "running", [rec(1, 1, "all_gather", "[2, 5]", "entered", site=site)])]
+    d = diagnose(ranks, "decided", 60)
+    assert "(from trl/trainer/sft_trainer.py:448 <- /w/test_sft.py:30, via accelerate)" in d.headline
+
+
+def test_gloo_size_mismatch_without_records_is_still_a_mismatch():
+    """--nccl-trace=off: no journal, but gloo's own message in the dead rank's output."""
+    out = "terminate called after throwing an instance of 'gloo::EnforceNotMet'\n  what():  [enforce fail at " \
+          "gloo/transport/tcp/pair.cc:446] op.preamble.length <= op.nbytes. Received data size doesn't match " \
+          "expected size. 544 vs 132\n"
+    ranks = [view(0, "dead", [], signal_name="SIGABRT", output=out), view(1, "running", [])]
+    d = diagnose(ranks, "decided", 60)
+    assert d.kind == "shape-mismatch" and d.exception_name == "CollectiveMismatch"
+    assert d.headline.startswith("shape mismatch in a collective (gloo on rank 0: ")
+    assert "rank 0 killed by SIGABRT" in d.headline
