@@ -323,12 +323,13 @@ def _absent(div: Divergence, ranks: list[RankView], reason: str, bound: float) -
     # the rank that left first decides the headline
     first = min(absent, key=lambda v: (v.finished_at if v.finished_at is not None else float("inf"), v.rank))
     state = _state_of(first, div.pg)
+    same = [v.rank for v in absent if _state_of(v, div.pg) == state]  # ranks 1,2 both left alike
     waiting = sorted(waiting_recs)
     verb = "wait" if len(waiting) > 1 else "waits"
     if reason == "timeout" and first.status == RANK_RUNNING:
         verb = "waited" + f" for the whole {bound:g} s bound"
-    headline = f"rank {first.rank} {state}; {_rank_list(waiting)} {verb} in {_where(rec)}"
-    others = [v for v in absent if v is not first]
+    headline = f"{_rank_list(same)} {state}; {_rank_list(waiting)} {verb} in {_where(rec)}"
+    others = [v for v in absent if v.rank not in same]
     if others:
         headline += "; also " + "; ".join(f"rank {v.rank} {_state_of(v, div.pg)}" for v in others[:2])
     if first.status == RANK_DEAD:

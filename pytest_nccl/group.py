@@ -37,6 +37,7 @@ TERM_WAIT = 0.5               # between SIGTERM and SIGKILL
 POLL = 0.05                   # how often a call's journals are checked for an unmatchable wait
 STALL_CHECK = 0.5             # no journal grew for this long: look for a mismatched collective
 FR_POLL = 1.0                 # with a rank finished, how often the Flight Recorder is consulted
+SETTLE = 0.3                  # once decided, for ranks outside any collective to finish too
 ZYGOTE_START_TIMEOUT = 300.0
 # The process group's own timeout is the test's bound plus this margin: no 30-minute default wait,
 # and our bound (which started earlier) still fires first, so the report is ours, not gloo's
@@ -309,6 +310,7 @@ class RankGroup:
             finished_some = len(state.live) < self.world
             if finished_some and _waits_for_a_finished_rank(self._journals(call), state.live):
                 reason = "decided"
+                self._settle(state)
                 break
             if time.monotonic() >= next_stall_check:
                 # no journal grew for a while: are the ranks stuck on a mismatched collective?
@@ -361,6 +363,17 @@ class RankGroup:
         self._fill_exit_statuses(views)
         result.fr_json, result.fr_pickle = dict(state.fr_json), dict(state.fr_pickle)
         return result
+
+    def _settle(self, state: "_CallState") -> None:
+        """The call is decided; give ranks that are outside any collective a moment to finish too,
+        so the report says "ranks 1,2 left the test" rather than catching one of them mid-return."""
+        deadline = time.monotonic() + SETTLE
+        while state.live and time.monotonic() < deadline:
+            journals = self._journals(state.call)
+            if all(RankView(r, records=journals[r]).current is not None for r in state.live):
+                return  # everyone still running waits in a collective: nothing more will come
+            for obj in wait(list(state.live.values()), timeout=max(0.0, min(POLL, deadline - time.monotonic()))):
+                self._receive(obj, state)
 
     def _receive(self, conn: Connection, state: "_CallState") -> bool:
         """Take one message from a rank during a call. True when it decides the call failed."""
