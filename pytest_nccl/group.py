@@ -71,7 +71,13 @@ class Zygote:
         self.conn = Connection(parent_sock.detach())
         self.conn.send({"sys_path": list(sys.path), "env": env, "trace": trace,
                         "preload": list(preload), "count_gpus": count_gpus})
-        self.info = self._reply("ready", ZYGOTE_START_TIMEOUT)[1]
+        self.info = None  # set by ready(): the fork server imports torch meanwhile
+
+    def ready(self) -> "Zygote":
+        """Wait until the fork server has imported torch and the preloaded modules."""
+        if self.info is None:
+            self.info = self._reply("ready", ZYGOTE_START_TIMEOUT)[1]
+        return self
 
     def _log_tail(self) -> str:
         try:
@@ -612,7 +618,9 @@ class GroupPool:
         self.lease = None
         self.calls = 0
 
-    def ensure_zygote(self) -> Zygote:
+    def ensure_zygote(self, wait: bool = True) -> Zygote:
+        """The fork server, started if needed. ``wait=False`` only starts it: the plugin does so
+        right after collection, so torch is imported while pytest gets to the first test."""
         if self.zygote is None or self.zygote.proc.poll() is not None:
             env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                    "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "false"),
@@ -625,7 +633,7 @@ class GroupPool:
                 self.group.kill()
                 self.group = None
             self.zygote = Zygote(self.workdir, self.preload, env, self.trace, self.count_gpus)
-        return self.zygote
+        return self.zygote.ready() if wait else self.zygote
 
     def get(self, world: int, backend: str, timeout: float, deadline: float) -> RankGroup:
         """A healthy group of this shape: the warm one after a health check, else a fresh one."""
