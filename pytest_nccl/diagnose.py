@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from .records import (P2P_OPS, RANK_DEAD, RANK_FAILED, RANK_PASSED, RANK_RUNNING, RANK_SKIPPED,
-                      RANK_XFAILED, CollectiveRecord, RankView)
+from .records import (P2P_OPS, RANK_DEAD, RANK_FAILED, RANK_NOT_STARTED, RANK_PASSED, RANK_RUNNING,
+                      RANK_SKIPPED, RANK_XFAILED, CollectiveRecord, RankView)
 
 # kinds, and the exception class each maps to (names from errors.py)
 SHAPE_MISMATCH, DTYPE_MISMATCH, OP_MISMATCH = "shape-mismatch", "dtype-mismatch", "op-mismatch"
@@ -20,14 +20,23 @@ MISMATCH_KINDS = frozenset({SHAPE_MISMATCH, DTYPE_MISMATCH, OP_MISMATCH})
 GLOO_SIZE_MISMATCH = ("Received data size doesn't match expected size", "invalid tensor size")
 RAISED, DIED, HANG, SLOW_RANK, TIMEOUT = "rank-raised", "rank-died", "hang", "slow-rank", "timeout"
 SKIP_MISMATCH, SETUP = "skip-mismatch", "setup"
+RENDEZVOUS = "rendezvous"
 
 EXCEPTION_FOR_KIND = {
     SHAPE_MISMATCH: "CollectiveMismatch", DTYPE_MISMATCH: "CollectiveMismatch",
     OP_MISMATCH: "CollectiveMismatch", RANK_LEFT: "CollectiveMismatch",
     GROUP_MISMATCH: "CollectiveMismatch", RAISED: "RankRaised", DIED: "RankDied",
     HANG: "CollectiveTimeout", SLOW_RANK: "CollectiveTimeout", TIMEOUT: "CollectiveTimeout",
-    SKIP_MISMATCH: "DistributedTestFailure", SETUP: "RankSetupError",
+    SKIP_MISMATCH: "DistributedTestFailure", SETUP: "RankSetupError", RENDEZVOUS: "CollectiveTimeout",
 }
+
+# Where a rank waits for the members of a new group to join: a TCPStore server waiting for its
+# clients (``wait_for_workers``), torch's rendezvous handlers, process group creation.
+RENDEZVOUS_FUNCTIONS = frozenset({
+    "rendezvous", "_create_c10d_store", "_tcp_rendezvous_handler", "_env_rendezvous_handler",
+    "_file_rendezvous_handler", "init_process_group", "new_group", "new_subgroups",
+    "_new_process_group_helper", "_store_based_barrier", "init_device_mesh",
+})
 
 
 @dataclass
@@ -166,26 +175,59 @@ def _where(rec: CollectiveRecord) -> str:
     return f"{rec.op} #{rec.seq} of group {rec.pg}{origin}"
 
 
-def _stack_top(stack: str) -> str:
-    """The innermost 'File x, line n, in f' of the main thread's stack, shortened."""
-    lines = [l.strip() for l in stack.splitlines()]
-    main_start = next((i for i, l in enumerate(lines) if "MainThread" in l or "Current thread" in l), 0)
+def _main_frames(stack: str) -> list[tuple[str, str, str, str]]:
+    """(path, line, function, source) of the main thread's frames, outermost first, from our
+    format or faulthandler's (most recent call first)."""
+    lines = stack.splitlines()
+    start = next((i for i, l in enumerate(lines) if "MainThread" in l or "Current thread" in l), 0)
     frames = []
-    for l in lines[main_start + 1:]:
+    for i in range(start + 1, len(lines)):
+        l = lines[i].strip()
         if l.startswith("Thread ") or (l.startswith("Current thread") and frames):
             break
-        if l.startswith("File "):
-            frames.append(l)
-    for l in reversed(frames):
-        if os.sep + "pytest_nccl" + os.sep in l and os.sep + "testing" + os.sep not in l:
+        if not l.startswith("File "):
             continue
         try:
-            path = l.split('"')[1]
-            rest = l.split('"', 2)[2].strip(", ")
-            return f"{short_path(path)} ({rest})"
+            path, rest = l.split('"')[1], l.split('"', 2)[2]
+            line = rest.split("line ", 1)[1].split(",")[0].split()[0]
+            func = rest.rsplit("in ", 1)[1].strip()
         except IndexError:
-            return l
-    return ""
+            continue
+        nxt = lines[i + 1].strip() if i + 1 < len(lines) else ""
+        frames.append((path, line, func, "" if nxt.startswith("File ") else nxt))
+    if lines and "most recent call first" in lines[start]:
+        frames.reverse()
+    return frames
+
+
+def _user_frames(stack: str) -> list[tuple[str, str, str, str]]:
+    harness = os.sep + "pytest_nccl" + os.sep
+    return [f for f in _main_frames(stack or "")
+            if not (harness in f[0] and os.sep + "testing" + os.sep not in f[0])]
+
+
+def _stack_top(stack: str) -> str:
+    """The innermost frame of the main thread outside pytest_nccl: 'file (line n, in f)'."""
+    frames = _user_frames(stack)
+    if not frames:
+        return ""
+    path, line, func, _ = frames[-1]
+    return f"{short_path(path)} (line {line}, in {func})"
+
+
+def _rendezvous_at(stack: str) -> str:
+    """'file:line (in f)' of the code that entered a rendezvous, when the main thread waits in one
+    (its innermost frame creates a TCPStore or is one of torch's rendezvous / group creation
+    functions); else ''."""
+    frames = _user_frames(stack)
+    if not frames:
+        return ""
+    path, _, func, source = frames[-1]
+    torch_dir = os.sep + "torch" + os.sep + "distributed" + os.sep
+    if not ("TCPStore(" in source or (torch_dir in path and func in RENDEZVOUS_FUNCTIONS)):
+        return ""
+    user = next((f for f in reversed(frames) if torch_dir not in f[0]), frames[-1])
+    return f"{short_path(user[0])}:{user[1]} (in {user[2]})"
 
 
 def _state_of(view: RankView, pg: str) -> str:
@@ -201,6 +243,11 @@ def _state_of(view: RankView, pg: str) -> str:
     cur = view.current
     if cur is not None and cur.pg != pg:
         return f"waits in {_where(cur)} instead, {after}"
+    if view.status == RANK_NOT_STARTED:
+        return f"never started this test, {after}"
+    rendezvous = _rendezvous_at(view.stack)
+    if rendezvous:
+        return f"waits in a rendezvous at {rendezvous} that a member of the new group never joined, {after}"
     top = _stack_top(view.stack)
     return f"is busy outside any collective{' at ' + top if top else ''}, {after}"
 
@@ -339,7 +386,9 @@ def _absent(div: Divergence, ranks: list[RankView], reason: str, bound: float) -
     elif first.status == RANK_RUNNING:
         cur = first.current
         kind = GROUP_MISMATCH if cur is not None else SLOW_RANK
-        if kind == SLOW_RANK:
+        if kind == SLOW_RANK and _rendezvous_at(first.stack):
+            kind = RENDEZVOUS
+        elif kind == SLOW_RANK:
             headline = "slow rank: " + headline
     else:
         kind = RANK_LEFT
@@ -352,3 +401,52 @@ def _slow(busy: list[RankView], inside: list[RankView], bound: float) -> Diagnos
     return Diagnosis(SLOW_RANK, f"slow rank: {_rank_list([v.rank for v in busy])} busy outside any "
                      f"collective ({tops}); {_rank_list([v.rank for v in inside])} waited for the whole "
                      f"{bound:g} s bound in {_where(rec)}", [v.rank for v in busy], rec.pg, rec.seq)
+
+
+# -- rules the controller applies while a call runs (also SPMD mode's decider) ------------------
+
+def waits_for_a_finished_rank(journals: dict, live: dict) -> bool:
+    """True when a running rank sits in collective #k of a group while a finished or dead member of
+    that group never completed its #k there: it can never be matched."""
+    finished = [r for r in journals if r not in live]
+    for rank in live:
+        current = RankView(rank, records=journals[rank]).current
+        if current is None or current.pg.endswith(":p2p"):
+            continue
+        members = members_of(current.pg, len(journals))
+        for other in finished:
+            if other not in members:
+                continue
+            theirs = [r for r in journals[other] if r.pg == current.pg]
+            if len(theirs) < current.seq:
+                return True  # it never reached it
+            # it left it without completing (raised or died inside); the Flight Recorder's own
+            # completion flag is too late to trust for this
+            if theirs[current.seq - 1].pending and theirs[current.seq - 1].source == "python":
+                return True
+    return False
+
+
+def stuck_on_mismatch(journals: dict, views: dict, live: dict) -> bool:
+    """True when every running rank waits in a collective and the first divergence is a mismatch
+    (op, shape or dtype at the same sequence number): NCCL would hang there for good."""
+    for rank in live:
+        if not any(r.pending and (not r.async_op or r.state == "waiting") for r in journals[rank]):
+            return False
+    trial = [RankView(r, status=views[r].status, records=journals[r]) for r in range(len(journals))]
+    div = first_divergence(trial)
+    return div is not None and div.kind in MISMATCH_KINDS
+
+
+def digests_agree(digests: dict, world: int) -> bool:
+    """Every member of every group issued the same collectives (count and signatures), from the
+    per-rank digests (rank -> {group: (count, crc)}) the ranks send with their outcomes: no journal
+    needs reading for a clean pass."""
+    per_pg: dict[str, dict] = {}
+    for rank, by_pg in digests.items():
+        for pg, digest in by_pg.items():
+            per_pg.setdefault(pg, {})[rank] = tuple(digest)
+    for pg, by_rank in per_pg.items():
+        if len({by_rank.get(r, (0, 0)) for r in members_of(pg, world)}) > 1:
+            return False
+    return True

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
 from . import protocol
-from .diagnose import MISMATCH_KINDS, first_divergence, members_of
+from .diagnose import digests_agree, stuck_on_mismatch, waits_for_a_finished_rank
 from .flight import merge as merge_flight_recorder
 from .flight import records_from_dump
 from .errors import RankSetupError
@@ -149,6 +149,7 @@ class CallResult:
     bound: float = 0.0
     fr_json: dict = field(default_factory=dict)   # rank -> Flight Recorder JSON text
     fr_pickle: dict = field(default_factory=dict)  # rank -> Flight Recorder dump (fr_trace's format)
+    digests_agree: bool = True  # every group's members issued the same collectives
 
     @property
     def all_passed(self) -> bool:
@@ -314,7 +315,7 @@ class RankGroup:
                 continue
             next_check = time.monotonic() + POLL
             finished_some = len(state.live) < self.world
-            if finished_some and _waits_for_a_finished_rank(self._journals(call), state.live):
+            if finished_some and waits_for_a_finished_rank(self._journals(call), state.live):
                 reason = "decided"
                 self._settle(state)
                 break
@@ -322,7 +323,7 @@ class RankGroup:
                 # no journal grew for a while: are the ranks stuck on a mismatched collective?
                 next_stall_check = time.monotonic() + STALL_CHECK
                 sizes = [_size(_journal_path(call, r)) for r in range(self.world)]
-                if sizes == last_sizes and _stuck_on_mismatch(self._journals(call), state.views, state.live):
+                if sizes == last_sizes and stuck_on_mismatch(self._journals(call), state.views, state.live):
                     reason = "decided"
                     break
                 last_sizes = sizes
@@ -331,7 +332,7 @@ class RankGroup:
                 # issued from C++ (DDP's reducer) show in the Flight Recorder
                 next_fr_poll = time.monotonic() + FR_POLL
                 self._request_dumps(state, list(self.conns), 0.5)
-                if len(state.fr_json) == self.world and _waits_for_a_finished_rank(
+                if len(state.fr_json) == self.world and waits_for_a_finished_rank(
                         self._journals(call, state.fr_json, state.since_ns), state.live):
                     reason = "decided"
                     break
@@ -361,7 +362,8 @@ class RankGroup:
         for rank, view in views.items():
             if _size(self.output_path(rank)) > offsets[rank]:
                 view.output = _read_from(self.output_path(rank), offsets[rank])
-        clean = reason == "completed" and result.all_passed and digests_agree(outcomes, self.world)
+        result.digests_agree = digests_agree({r: o.digest for r, o in outcomes.items()}, self.world)
+        clean = reason == "completed" and result.all_passed and result.digests_agree
         if call.trace and not clean:
             fr = state.fr_json if len(state.fr_json) == self.world else None
             for rank, records in self._journals(call, fr, state.since_ns).items():
@@ -506,52 +508,6 @@ class RankGroup:
             self._listener.close()
         except OSError:
             pass
-
-
-def _waits_for_a_finished_rank(journals: dict, live: dict) -> bool:
-    """True when a running rank sits in collective #k of a group while a finished or dead member of
-    that group never completed its #k there: it can never be matched."""
-    finished = [r for r in journals if r not in live]
-    for rank in live:
-        current = RankView(rank, records=journals[rank]).current
-        if current is None or current.pg.endswith(":p2p"):
-            continue
-        members = members_of(current.pg, len(journals))
-        for other in finished:
-            if other not in members:
-                continue
-            theirs = [r for r in journals[other] if r.pg == current.pg]
-            if len(theirs) < current.seq:
-                return True  # it never reached it
-            # it left it without completing (raised or died inside); the Flight Recorder's own
-            # completion flag is too late to trust for this
-            if theirs[current.seq - 1].pending and theirs[current.seq - 1].source == "python":
-                return True
-    return False
-
-
-def digests_agree(outcomes: dict, world: int) -> bool:
-    """Every member of every group issued the same collectives (count and signatures), from the
-    digests the ranks send with their outcomes: no journal needs reading for a clean pass."""
-    per_pg: dict[str, dict] = {}
-    for out in outcomes.values():
-        for pg, digest in out.digest.items():
-            per_pg.setdefault(pg, {})[out.rank] = digest
-    for pg, by_rank in per_pg.items():
-        if len({by_rank.get(r, (0, 0)) for r in members_of(pg, world)}) > 1:
-            return False
-    return True
-
-
-def _stuck_on_mismatch(journals: dict, views: dict, live: dict) -> bool:
-    """True when every running rank waits in a collective and the first divergence is a mismatch
-    (op, shape or dtype at the same sequence number): NCCL would hang there for good."""
-    for rank in live:
-        if not any(r.pending and (not r.async_op or r.state == "waiting") for r in journals[rank]):
-            return False
-    trial = [RankView(r, status=views[r].status, records=journals[r]) for r in range(len(journals))]
-    div = first_divergence(trial)
-    return div is not None and div.kind in MISMATCH_KINDS
 
 
 def describe_wait_status(status: int) -> str:

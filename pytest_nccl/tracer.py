@@ -51,7 +51,8 @@ _PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _TESTING_DIR = _PKG_DIR + "testing" + os.sep
 # Thin communication shims whose frames say nothing about who issued the collective.
 _SHIM_MARKERS = (os.sep + "deepspeed" + os.sep + "comm" + os.sep,
-                 os.sep + os.path.join("deepspeed", "utils", "nvtx.py"))  # instrument_w_nvtx
+                 os.sep + os.path.join("deepspeed", "utils", "nvtx.py"),  # instrument_w_nvtx
+                 os.sep + "_pytest" + os.sep, os.sep + "pluggy" + os.sep)  # SPMD mode: above the test body
 SITE_DEPTH = 4  # distinct files in a call site chain
 
 _internal_code: dict = {}
