@@ -30,6 +30,8 @@ REPORT_HELP = "write a validation-gate report (markdown) to this file"
 INFRA_HELP = ("exit with 125 (git bisect's 'skip') when every failure is an "
               "infrastructure failure: ranks could not start, the library does not import, nothing collected")
 PRELOAD_HELP = "modules the fork server imports once, so that every rank has them"
+SPMD_HELP = ("auto (the default: SPMD when a launcher such as torchrun set RANK, WORLD_SIZE, MASTER_ADDR and "
+             "MASTER_PORT), on or off. In SPMD mode each launched pytest process is one rank")
 RANK_FIXTURES = ("rank", "world_size", "device", "backend")
 BACKENDS = ("auto", "nccl", "gloo")
 # pytest-timeout must not fire before our bound: keep this much of its budget for our report
@@ -51,11 +53,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--nccl-report", dest="nccl_report", metavar="FILE", help=REPORT_HELP)
     group.addoption("--nccl-exitcode-infra", dest="nccl_exitcode_infra", action="store_const", const=125,
                     default=None, help=INFRA_HELP)
+    group.addoption("--nccl-spmd", dest="nccl_spmd", metavar="auto|on|off", help=SPMD_HELP)  # spmd.py
     parser.addini("nccl_world", WORLD_HELP, default="2")
     parser.addini("nccl_backend", BACKEND_HELP, default="auto")
     parser.addini("nccl_timeout", TIMEOUT_HELP, default="120")
     parser.addini("nccl_trace", TRACE_HELP, default="on")
     parser.addini("nccl_preload", PRELOAD_HELP, type="linelist", default=[])
+    parser.addini("nccl_spmd", SPMD_HELP, default="auto")
 
 
 # -- parsing user input: one clear line for anything wrong ---------------------------------------
@@ -135,6 +139,7 @@ class NcclSession:
     headlines: dict = field(default_factory=dict)       # nodeid -> headline
     environment: dict | None = None                      # for the gate report and JUnit properties
     recorder: "ReportRecorder | None" = None
+    spmd: "object | None" = None                         # spmd.SpmdSession under a launcher (SPMD mode)
 
     def devices(self) -> int:
         if self.cuda_devices < 0:
@@ -184,6 +189,8 @@ def pytest_configure(config: pytest.Config) -> None:
     session.recorder = ReportRecorder()
     config.pluginmanager.register(session.recorder, "nccl-report-recorder")
     _install_sigterm_cleanup(session)
+    from . import spmd  # SPMD mode: this process is one rank of a launched group (torchrun, srun)
+    session.spmd = spmd.configure(config, session)
 
 
 def _install_sigterm_cleanup(session: NcclSession) -> None:
@@ -218,6 +225,8 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     session = config.stash.get(SESSION_KEY, None)
     if session is None:
         return None
+    if session.spmd is not None:
+        return session.spmd.header()
     try:
         backend, why = session.backend_for(session.world)
     except NcclUsageError as exc:
@@ -237,6 +246,18 @@ def pytest_collection_modifyitems(session, config, items) -> None:
                 nccl.test_modules[mod.__name__] = mod.__file__
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session) -> None:
+    """Start the fork server now, without waiting: it imports torch and the test modules while
+    pytest reports collection and runs the first tests' set-up."""
+    nccl = session.config.stash.get(SESSION_KEY, None)
+    if nccl is None or nccl.spmd is not None or not nccl.test_modules or session.config.option.collectonly:
+        return
+    if getattr(session.config.option, "dist", "no") not in ("no", None) and not _is_worker(session.config):
+        return  # the xdist controller runs no test; its workers start their own
+    nccl.get_pool().ensure_zygote(wait=False)
+
+
 # -- fixtures -------------------------------------------------------------------------------------
 
 class _RankValue:
@@ -254,6 +275,9 @@ def _rank_fixture(name: str):
         if request.node.get_closest_marker("nccl") is None:
             raise NcclUsageError(f"the '{name}' fixture exists only inside a test marked "
                                  "@pytest.mark.nccl")
+        spmd = request.config.stash[SESSION_KEY].spmd
+        if spmd is not None:  # SPMD mode: this process is the rank
+            return spmd.fixture_value(name)
         return _RankValue(name)
     fixture.__name__ = name
     fixture.__doc__ = f"pytest-nccl: this rank's {name} (only in tests marked nccl)."
@@ -294,6 +318,9 @@ class NcclWorld:
 def nccl_world(request) -> NcclWorld:
     """A started torch.distributed group of --nccl-world ranks: ``.size``, ``.backend``, ``.run(fn)``."""
     session = request.config.stash[SESSION_KEY]
+    if session.spmd is not None:  # SPMD mode: no group of our own to drive from a controller
+        pytest.skip("nccl_world drives a group the plugin starts; under a launcher (SPMD mode) there is none: "
+                    "run this test with plain pytest, or mark it @pytest.mark.nccl")
     return NcclWorld(session, request.node.nodeid, effective_timeout(request.node, session.timeout))
 
 
@@ -343,19 +370,6 @@ def effective_timeout(item, timeout: float) -> float:
 
 # -- running a call ---------------------------------------------------------------------------------
 
-def digests_agree(result: CallResult, world: int) -> bool:
-    per_pg: dict[str, set] = {}
-    for out in result.outcomes.values():
-        for pg, digest in out.digest.items():
-            per_pg.setdefault(pg, {})[out.rank] = digest
-    for pg, by_rank in per_pg.items():
-        members = members_of(pg, world)
-        values = {by_rank.get(r, (0, 0)) for r in members}
-        if len(values) > 1:
-            return False
-    return True
-
-
 def _raise_failure(session: NcclSession, call: protocol.Call, result: CallResult, diag: Diagnosis,
                    backend: str, item_stash: dict | None):
     report = format_report(result.ranks, diag, result.elapsed, result.bound, backend)
@@ -363,6 +377,7 @@ def _raise_failure(session: NcclSession, call: protocol.Call, result: CallResult
     if item_stash is not None:
         item_stash["headline"] = diag.headline
         item_stash["kind"] = diag.kind
+        item_stash["exception"] = exc_class.__name__
     session.headlines[call.nodeid] = diag.headline
     if session.trace_dir:
         text = trace_json(call.nodeid, result.ranks, diag, result.elapsed, result.bound, backend)
@@ -392,7 +407,7 @@ def execute(session: NcclSession, call: protocol.Call, world: int, backend: str,
         item_stash["result"] = result
     statuses = {v.status for v in result.ranks}
     clean = result.reason == "completed" and statuses <= {"passed", "skipped", "xfailed"} \
-        and len(statuses) == 1 and (not session.trace or digests_agree(result, world))
+        and len(statuses) == 1 and result.digests_agree
     if clean:
         _remove(call.journal_dir)
         if statuses == {"skipped"}:
@@ -469,6 +484,8 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
     world = parse_world(kw["world"], "@pytest.mark.nccl(world=...)") if kw.get("world") is not None else session.world
     timeout = parse_timeout(kw["timeout"], "@pytest.mark.nccl(timeout=...)") if kw.get("timeout") is not None else session.timeout
     requested = parse_backend(kw["backend"], "@pytest.mark.nccl(backend=...)") if kw.get("backend") is not None else None
+    if session.spmd is not None:  # SPMD mode: run the body here, on this launched rank (spmd.py)
+        return session.spmd.run_test(pyfuncitem)
     backend, _ = session.backend_for(world, requested)
     timeout = effective_timeout(pyfuncitem, timeout)
     kwargs, rank_args = _test_kwargs(pyfuncitem)
@@ -491,6 +508,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
         if "headline" in stash:
             pyfuncitem.user_properties.append(("nccl_diagnosis", stash["headline"]))
             pyfuncitem.user_properties.append(("nccl_diagnosis_kind", stash["kind"]))
+            pyfuncitem.user_properties.append(("nccl_exception", stash["exception"]))
     return True
 
 

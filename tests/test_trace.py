@@ -51,6 +51,7 @@ def test_trace_dir_junit_and_flight_recorder(run_inner, pytester):
     cases = {c.get("name"): c for c in ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")}
     props = {p.get("name"): p.get("value") for p in cases["test_slow_rank_async"].iter("property")}
     assert props["nccl_diagnosis"].startswith("slow rank: rank 1 is busy outside any collective")
+    assert (props["nccl_diagnosis_kind"], props["nccl_exception"]) == ("slow-rank", "CollectiveTimeout")
     failure = cases["test_slow_rank_async"].find("failure")
     assert failure.get("message").startswith("slow rank: rank 1")
 
