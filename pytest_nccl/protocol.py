@@ -10,6 +10,8 @@ Standard library only: every rank imports it.
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass, field
 
 # What a call runs on the ranks.
@@ -49,3 +51,33 @@ class Outcome:
     initialized: bool = True        # torch.distributed still initialized after the call
     dangling: int = 0               # async collectives still in flight when the call returned
     duration: float = 0.0
+
+
+# How a test body that raised ends, the same in a forked rank (rank.py) and in SPMD mode (spmd.py).
+
+def _classify(exc: BaseException) -> str:
+    # pytest's outcome exceptions, recognized by name so that a rank never needs pytest imported
+    name = type(exc).__name__
+    if name == "Skipped":
+        return SKIPPED
+    if name == "XFailed":
+        return XFAILED
+    return FAILED
+
+
+def exit_like_os_exit(exc: SystemExit):
+    """sys.exit() in a test body ends the rank as os._exit would: it is reported as an exit."""
+    code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def describe_exception(exc: BaseException, format_exception) -> tuple[str, str, str, str]:
+    """(status, exception type, traceback text, one-line message) of a test body that raised."""
+    status, exc_type = _classify(exc), type(exc).__name__
+    exc_text = format_exception(exc) if status == FAILED else ""
+    message = (str(getattr(exc, "msg", "")) or str(exc)).strip().split("\n")[0][:300]
+    if status == FAILED:
+        message = f"{exc_type}: {message}" if message else exc_type
+    return status, exc_type, exc_text, message

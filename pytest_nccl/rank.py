@@ -27,7 +27,7 @@ import types
 from multiprocessing.connection import Connection
 
 from . import protocol, tracer
-from .protocol import Call, Outcome
+from .protocol import Call, Outcome, describe_exception, exit_like_os_exit
 
 _send_lock = threading.Lock()
 
@@ -110,16 +110,6 @@ def resolve(call: Call):
     return obj
 
 
-def _classify(exc: BaseException) -> str:
-    # pytest's outcome exceptions, recognized by name so that a rank never needs pytest imported
-    name = type(exc).__name__
-    if name == "Skipped":
-        return protocol.SKIPPED
-    if name == "XFailed":
-        return protocol.XFAILED
-    return protocol.FAILED
-
-
 _HARNESS_FILES = (__file__, tracer.__file__)
 
 
@@ -162,17 +152,9 @@ def run_call(call: Call, rank: int) -> Outcome:
     try:
         value = fn(*args, **kwargs)
     except SystemExit as exc:
-        # sys.exit() in a test body ends the rank like os._exit would: report it as an exit
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        exit_like_os_exit(exc)
     except BaseException as exc:
-        status, exc_type = _classify(exc), type(exc).__name__
-        exc_text = _format_exception(exc) if status == protocol.FAILED else ""
-        message = (str(getattr(exc, "msg", "")) or str(exc)).strip().split("\n")[0][:300]
-        if status == protocol.FAILED:
-            message = f"{exc_type}: {message}" if message else exc_type
+        status, exc_type, exc_text, message = describe_exception(exc, _format_exception)
     finally:
         digest, dangling = tracer.stop() if call.trace else ({}, 0)
     payload = b""

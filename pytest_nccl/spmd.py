@@ -59,6 +59,7 @@ from . import errors, protocol
 from .diagnose import (Diagnosis, diagnose, digests_agree, members_of, stuck_on_mismatch,
                        waits_for_a_finished_rank)
 from .errors import DistributedTestFailure, NcclUsageError, RankSetupError
+from .protocol import describe_exception, exit_like_os_exit
 from .journal import parse_journal
 from .records import (RANK_FAILED, RANK_NOT_STARTED, RANK_PASSED, RANK_RUNNING,
                       RANK_SKIPPED, RANK_XFAILED, RankView)
@@ -1167,21 +1168,10 @@ class SpmdSession:
             with self._user_code(run):
                 testfunction(**kwargs)
         except SystemExit as exc:
-            # sys.exit() in a test body ends the rank, as in plugin mode
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+            exit_like_os_exit(exc)  # as in plugin mode
         except BaseException as exc:
             error = exc
-            name = type(exc).__name__
-            status = protocol.SKIPPED if name == "Skipped" else protocol.XFAILED if name == "XFailed" \
-                else protocol.FAILED
-            exc_type = name
-            exc_text = _format_exception(exc) if status == protocol.FAILED else ""
-            message = (str(getattr(exc, "msg", "")) or str(exc)).strip().split("\n")[0][:300]
-            if status == protocol.FAILED:
-                message = f"{exc_type}: {message}" if message else exc_type
+            status, exc_type, exc_text, message = describe_exception(exc, _format_exception)
         outcome = {"status": status, "exc_type": exc_type, "exc_text": exc_text, "message": message,
                    "output": self._captured_output()}
         return outcome, error
