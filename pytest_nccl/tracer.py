@@ -56,6 +56,7 @@ _SHIM_MARKERS = (os.sep + "deepspeed" + os.sep + "comm" + os.sep,
 SITE_DEPTH = 4  # distinct files in a call site chain
 
 _internal_code: dict = {}
+_site_text: dict = {}  # (code, instruction offset) chain -> "file:line <- file:line"
 _pg_labels: dict = {}
 
 
@@ -89,16 +90,29 @@ def _is_internal(code) -> bool:
 
 
 def call_site(frame) -> str:
-    """First frames outside torch and pytest_nccl, one per distinct file, innermost first."""
-    sites: list[str] = []
+    """First frames outside torch and pytest_nccl, one per distinct file, innermost first.
+
+    The walk only reads code objects and instruction offsets; the text (which needs each frame's
+    line number, decoded from the code's line table) is built once per distinct chain and cached:
+    a training loop issues the same few call sites thousands of times."""
+    key = []
     last_file = None
-    while frame is not None and len(sites) < SITE_DEPTH:
+    while frame is not None and len(key) < SITE_DEPTH:
         code = frame.f_code
-        if not _is_internal(code) and code.co_filename != last_file:
+        internal = _internal_code.get(code)
+        if internal is None:
+            internal = _is_internal(code)
+        if not internal and code.co_filename != last_file:
             last_file = code.co_filename
-            sites.append(f"{last_file}:{frame.f_lineno}")
+            key.append((code, frame.f_lasti, frame))
         frame = frame.f_back
-    return " <- ".join(sites)
+    cache_key = tuple((c, i) for c, i, _ in key)
+    text = _site_text.get(cache_key)
+    if text is None:
+        text = " <- ".join(f"{c.co_filename}:{f.f_lineno}" for c, _, f in key)
+        if len(_site_text) < 100_000:
+            _site_text[cache_key] = text
+    return text
 
 
 def pg_label(group) -> str:
