@@ -152,7 +152,7 @@ def ours_pool(world: int, tests: int) -> dict:
     from pytest_nccl import protocol
     from pytest_nccl.group import GroupPool
 
-    pool = GroupPool(None, [], trace=True, count_gpus=False)
+    pool = GroupPool(None, [], trace=True)
     try:
         t0 = time.perf_counter()
         pool.get(world, "gloo", 60, time.monotonic() + 120)

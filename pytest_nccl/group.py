@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import pickle
 import shutil
 import signal
 import socket
@@ -55,7 +54,7 @@ def signal_name(num: int) -> str:
 class Zygote:
     """Client of the fork server (``zygote.py``)."""
 
-    def __init__(self, workdir: str, preload: list, env: dict, trace: bool, count_gpus: bool):
+    def __init__(self, workdir: str, preload: list, env: dict, trace: bool):
         self.workdir = workdir
         self.exits: dict[int, int] = {}  # pid -> raw wait status, as the zygote reports them
         self.imported: set = {name for name, _ in preload}
@@ -70,7 +69,7 @@ class Zygote:
         child_sock.close()
         self.conn = Connection(parent_sock.detach())
         self.conn.send({"sys_path": list(sys.path), "env": env, "trace": trace,
-                        "preload": list(preload), "count_gpus": count_gpus})
+                        "preload": list(preload)})
         self.info = None  # set by ready(): the fork server imports torch meanwhile
 
     def ready(self) -> "Zygote":
@@ -559,15 +558,13 @@ def _tail(path: str, lines: int) -> str:
 class GroupPool:
     """One fork server and at most one live group per pytest process."""
 
-    def __init__(self, workdir_parent: str | None, preload: list, trace: bool, count_gpus: bool,
-                 gpu_leaser=None):
+    def __init__(self, workdir_parent: str | None, preload: list, trace: bool, gpu_leaser=None):
         # journals and outputs on tmpfs where there is one: a journal line is a syscall per collective
         if workdir_parent is None and os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
             workdir_parent = "/dev/shm"
         self.workdir = tempfile.mkdtemp(prefix="pytest-nccl-", dir=workdir_parent)
         self.preload = list(preload)
         self.trace = trace
-        self.count_gpus = count_gpus
         self.zygote: Zygote | None = None
         self.group: RankGroup | None = None
         self.gpu_leaser = gpu_leaser
@@ -588,7 +585,7 @@ class GroupPool:
             if self.group is not None:
                 self.group.kill()
                 self.group = None
-            self.zygote = Zygote(self.workdir, self.preload, env, self.trace, self.count_gpus)
+            self.zygote = Zygote(self.workdir, self.preload, env, self.trace)
         return self.zygote.ready() if wait else self.zygote
 
     def get(self, world: int, backend: str, timeout: float, deadline: float) -> RankGroup:
@@ -633,7 +630,3 @@ class GroupPool:
             self.zygote.close()
             self.zygote = None
         shutil.rmtree(self.workdir, ignore_errors=True)
-
-
-def pickle_payload(args: tuple, kwargs: dict) -> bytes:
-    return pickle.dumps((args, kwargs))

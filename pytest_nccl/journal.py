@@ -21,14 +21,13 @@ from .records import COMPLETED, ENTERED, WAITING, CollectiveRecord
 
 
 class JournalWriter:
+    """The rank's end of a journal. The tracer's hot path writes E, C and R lines to ``fd`` itself
+    (a method call per collective is measurable); the rarer lines go through these methods."""
+
     __slots__ = ("fd",)
 
     def __init__(self, path: str):
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
-
-    def entered(self, pg, seq, op, async_op, t, shapes, dtype, fr_seq, site):
-        os.write(self.fd, (f"E\t{pg}\t{seq}\t{op}\t{1 if async_op else 0}\t{t:.6f}\t{shapes}\t"
-                           f"{dtype}\t{fr_seq}\t{site}\n").encode())
 
     def waiting(self, pg, seq, t):
         os.write(self.fd, f"W\t{pg}\t{seq}\t{t:.6f}\n".encode())

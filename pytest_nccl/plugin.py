@@ -158,7 +158,7 @@ class NcclSession:
             preload = [(m, "") for m in self.config.getini("nccl_preload")]
             preload += sorted(self.test_modules.items())
             leaser = GpuLeaser(self.devices()) if self.devices() > 0 else None
-            self.pool = GroupPool(None, preload, self.trace, count_gpus=False, gpu_leaser=leaser)
+            self.pool = GroupPool(None, preload, self.trace, gpu_leaser=leaser)
         return self.pool
 
     def close(self) -> None:

@@ -82,8 +82,7 @@ def main() -> None:
     from . import rank, tracer  # noqa: F401
     if config["trace"]:
         tracer.install()
-    info = {"torch": torch.__version__, "cuda_devices": torch.cuda.device_count() if config["count_gpus"] else 0,
-            "failures": _import_modules(config["preload"], [])}
+    info = {"torch": torch.__version__, "failures": _import_modules(config["preload"], [])}
     conn.send(("ready", info))
 
     pidfds: dict[int, int] = {}
