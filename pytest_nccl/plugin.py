@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import signal
 import sys
 import time
@@ -136,7 +137,6 @@ class NcclSession:
     cuda_devices: int = -1
     pool: GroupPool | None = None
     test_modules: dict = field(default_factory=dict)    # module name -> path, of nccl-marked tests
-    headlines: dict = field(default_factory=dict)       # nodeid -> headline
     environment: dict | None = None                      # for the gate report and JUnit properties
     recorder: "ReportRecorder | None" = None
     spmd: "object | None" = None                         # spmd.SpmdSession under a launcher (SPMD mode)
@@ -378,7 +378,6 @@ def _raise_failure(session: NcclSession, call: protocol.Call, result: CallResult
         item_stash["headline"] = diag.headline
         item_stash["kind"] = diag.kind
         item_stash["exception"] = exc_class.__name__
-    session.headlines[call.nodeid] = diag.headline
     if session.trace_dir:
         text = trace_json(call.nodeid, result.ranks, diag, result.elapsed, result.bound, backend)
         write_trace_dir(session.trace_dir, call.nodeid, text, result.fr_pickle)
@@ -444,7 +443,6 @@ def _same_error_everywhere(result: CallResult, world: int) -> str | None:
 
 
 def _remove(path: str) -> None:
-    import shutil
     shutil.rmtree(path, ignore_errors=True)
 
 

@@ -1197,7 +1197,6 @@ class SpmdSession:
         if stash is None:
             stash = item.stash[RESULT_KEY] = {}
         stash.update(result=result, headline=diag.headline, kind=diag.kind, exception=verdict["exception"])
-        self.nccl.headlines[item.nodeid] = diag.headline
         props = [("nccl_diagnosis", diag.headline), ("nccl_diagnosis_kind", diag.kind),
                  ("nccl_exception", verdict["exception"])]
         item.user_properties.extend(props)
