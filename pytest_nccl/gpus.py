@@ -1,6 +1,10 @@
 """GPU leases for NCCL groups: two groups (xdist workers, or two pytest sessions) never share a
 device. A lease is an exclusive ``flock`` on one file per device; the kernel drops it when the
-holder dies, so a crashed session never leaves a device locked."""
+holder dies, so a crashed session never leaves a device locked.
+
+Devices are named as the controller sees them: with ``CUDA_VISIBLE_DEVICES=2,3`` lease index 0 is
+device "2". Lock files and the ids given to ranks use those names, so two sessions with different
+visible sets still never share a physical device."""
 
 from __future__ import annotations
 
@@ -10,8 +14,17 @@ import tempfile
 import time
 
 
+def visible_devices(device_count: int, environ=os.environ) -> list[str]:
+    """The names of this process's CUDA devices 0..count-1 for a child's CUDA_VISIBLE_DEVICES."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or not visible.strip():
+        return [str(i) for i in range(device_count)]
+    names = [v.strip() for v in visible.split(",") if v.strip()]
+    return (names + [str(i) for i in range(len(names), device_count)])[:device_count]
+
+
 class Lease:
-    def __init__(self, ids: list[int], files: list):
+    def __init__(self, ids: list[str], files: list):
         self.ids, self._files = ids, files
 
     def release(self) -> None:
@@ -24,21 +37,23 @@ class Lease:
 
 
 class GpuLeaser:
-    def __init__(self, device_count: int, lock_dir: str | None = None):
+    def __init__(self, device_count: int, lock_dir: str | None = None, names: list[str] | None = None):
         self.device_count = device_count
+        self.names = names or visible_devices(device_count)
         self.lock_dir = lock_dir or os.path.join(tempfile.gettempdir(), f"pytest-nccl-gpus-{os.getuid()}")
         os.makedirs(self.lock_dir, exist_ok=True)
 
     def try_acquire(self, n: int) -> Lease | None:
         taken = []
         for i in range(self.device_count):
-            f = open(os.path.join(self.lock_dir, f"gpu{i}.lock"), "a")
+            name = self.names[i]
+            f = open(os.path.join(self.lock_dir, f"gpu{name.replace(os.sep, '_')}.lock"), "a")
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 f.close()
                 continue
-            taken.append((i, f))
+            taken.append((name, f))
             if len(taken) == n:
                 return Lease([i for i, _ in taken], [f for _, f in taken])
         Lease([], [f for _, f in taken]).release()

@@ -54,7 +54,7 @@ def signal_name(num: int) -> str:
 class Zygote:
     """Client of the fork server (``zygote.py``)."""
 
-    def __init__(self, workdir: str, preload: list, env: dict, trace: bool):
+    def __init__(self, workdir: str, preload: list, env: dict, trace: bool, rank_start: str = "auto"):
         self.workdir = workdir
         self.exits: dict[int, int] = {}  # pid -> raw wait status, as the zygote reports them
         self.imported: set = {name for name, _ in preload}
@@ -69,14 +69,21 @@ class Zygote:
         child_sock.close()
         self.conn = Connection(parent_sock.detach())
         self.conn.send({"sys_path": list(sys.path), "env": env, "trace": trace,
-                        "preload": list(preload)})
+                        "preload": list(preload), "rank_start": rank_start})
         self.info = None  # set by ready(): the fork server imports torch meanwhile
+        self.cuda_initialized_by: str | None = None  # the module that made forked ranks unusable
+        self.start_mode = "fork"
 
     def ready(self) -> "Zygote":
         """Wait until the fork server has imported torch and the preloaded modules."""
         if self.info is None:
             self.info = self._reply("ready", ZYGOTE_START_TIMEOUT)[1]
+            self._note(self.info)
         return self
+
+    def _note(self, info: dict) -> None:
+        self.cuda_initialized_by = info.get("cuda_initialized_by") or self.cuda_initialized_by
+        self.start_mode = info.get("start", self.start_mode)
 
     def _log_tail(self) -> str:
         try:
@@ -118,7 +125,9 @@ class Zygote:
             return []
         self.conn.send(("import", todo, list(sys.path)))
         self.imported.update(n for n, _ in todo)
-        return self._reply("imported", ZYGOTE_START_TIMEOUT)[1]
+        info = self._reply("imported", ZYGOTE_START_TIMEOUT)[1]
+        self._note(info)
+        return info["failures"]
 
     def fork(self, spec: dict) -> int:
         self.conn.send(("fork", spec))
@@ -188,7 +197,7 @@ class RankGroup:
         self.key = (world, backend, timeout)
         self.gid = next(self._ids)
         self.dir = tempfile.mkdtemp(prefix=f"g{self.gid}-", dir=workdir)
-        self.gpu_ids = gpu_ids
+        self.gpu_ids = gpu_ids  # physical device ids (the leaser maps them through CUDA_VISIBLE_DEVICES)
         self.pids: dict[int, int] = {}
         self.conns: dict[int, Connection] = {}
         self.calls = itertools.count(1)
@@ -558,7 +567,8 @@ def _tail(path: str, lines: int) -> str:
 class GroupPool:
     """One fork server and at most one live group per pytest process."""
 
-    def __init__(self, workdir_parent: str | None, preload: list, trace: bool, gpu_leaser=None):
+    def __init__(self, workdir_parent: str | None, preload: list, trace: bool, gpu_leaser=None,
+                 rank_start: str = "auto"):
         # journals and outputs on tmpfs where there is one: a journal line is a syscall per collective
         if workdir_parent is None and os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
             workdir_parent = "/dev/shm"
@@ -570,6 +580,8 @@ class GroupPool:
         self.gpu_leaser = gpu_leaser
         self.lease = None
         self.calls = 0
+        self.rank_start = rank_start
+        self.spawned_group_starts: list[float] = []  # seconds, of groups started as fresh interpreters
 
     def ensure_zygote(self, wait: bool = True) -> Zygote:
         """The fork server, started if needed. ``wait=False`` only starts it: the plugin does so
@@ -579,34 +591,49 @@ class GroupPool:
                    "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "false"),
                    # every socket a rank opens stays on the loopback interface
                    "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
-                   "NCCL_SOCKET_IFNAME": os.environ.get("NCCL_SOCKET_IFNAME", "lo")}
+                   "NCCL_SOCKET_IFNAME": os.environ.get("NCCL_SOCKET_IFNAME", "lo"),
+                   # torch.cuda.is_available() at a test module's import asks NVML, not the CUDA
+                   # driver: the fork server stays fork-safe
+                   "PYTORCH_NVML_BASED_CUDA_CHECK": os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK", "1")}
             if self.trace:
                 env.setdefault("TORCH_FR_BUFFER_SIZE", os.environ.get("TORCH_FR_BUFFER_SIZE", "2000"))
             if self.group is not None:
                 self.group.kill()
                 self.group = None
-            self.zygote = Zygote(self.workdir, self.preload, env, self.trace)
+            self.zygote = Zygote(self.workdir, self.preload, env, self.trace, self.rank_start)
         return self.zygote.ready() if wait else self.zygote
 
-    def get(self, world: int, backend: str, timeout: float, deadline: float) -> RankGroup:
-        """A healthy group of this shape: the warm one after a health check, else a fresh one."""
+    def get(self, world: int, placement, timeout: float, deadline: float) -> RankGroup:
+        """A healthy group of this shape: the warm one after a health check, else a fresh one.
+        ``placement`` (settings.Placement): the backend, and whether each rank gets a GPU of its
+        own (leased) or sees no CUDA at all."""
         zygote = self.ensure_zygote()
-        key = (world, backend, timeout)
+        key = (world, placement.backend, placement.gpus, timeout)
         if self.group is not None:
             if self.group.key == key and self.group.healthy:
                 if self.group.health_check():
                     return self.group
             self.release()
         gpu_ids = None
-        if backend == "nccl" and self.gpu_leaser is not None:
-            self.lease = self.gpu_leaser.acquire(world, deadline)
+        rank_env = {}
+        if placement.gpus and self.gpu_leaser is not None:
+            try:
+                self.lease = self.gpu_leaser.acquire(world, deadline)
+            except TimeoutError as exc:
+                raise RankSetupError(str(exc)) from None
             gpu_ids = self.lease.ids
-        self.group = RankGroup(zygote, world, backend, timeout, self.workdir, gpu_ids)
+        elif not placement.gpus:
+            rank_env["CUDA_VISIBLE_DEVICES"] = ""  # gloo without a GPU per rank: the CPU path
+        self.group = RankGroup(zygote, world, placement.backend, timeout, self.workdir, gpu_ids, rank_env)
+        self.group.key = key
+        started = time.monotonic()
         try:
             self.group.start(deadline)
         except BaseException:
             self.release()
             raise
+        if zygote.start_mode == "spawn":
+            self.spawned_group_starts.append(time.monotonic() - started)
         return self.group
 
     def release(self) -> None:

@@ -12,6 +12,7 @@ import shutil
 import signal
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import pytest
@@ -22,105 +23,30 @@ from .errors import (DistributedTestFailure, NcclUsageError, RankSetupError)
 from .group import CallResult, GroupPool
 from .report import format_report, trace_json, write_trace_dir
 
-WORLD_HELP = "world size of distributed tests that do not set one (default 2)"
-BACKEND_HELP = "auto (NCCL when CUDA has at least WORLD devices, else gloo), nccl or gloo"
-TIMEOUT_HELP = "bound in seconds for each distributed test (default 120)"
-TRACE_HELP = "record every collective on every rank (on, the default) or not (off)"
-TRACE_DIR_HELP = "write each failed distributed test's collective trace (JSON, Flight Recorder dumps) here"
-REPORT_HELP = "write a validation-gate report (markdown) to this file"
-INFRA_HELP = ("exit with 125 (git bisect's 'skip') when every failure is an "
-              "infrastructure failure: ranks could not start, the library does not import, nothing collected")
-PRELOAD_HELP = "modules the fork server imports once, so that every rank has them"
-SPMD_HELP = ("auto (the default: SPMD when a launcher such as torchrun set RANK, WORLD_SIZE, MASTER_ADDR and "
-             "MASTER_PORT), on or off. In SPMD mode each launched pytest process is one rank")
+from .settings import (MARKER, Budget, Placement, Settings, add_options, budget_for, parse_marker,
+                       parse_settings, place)
+
 RANK_FIXTURES = ("rank", "world_size", "device", "backend")
-BACKENDS = ("auto", "nccl", "gloo")
-# pytest-timeout must not fire before our bound: keep this much of its budget for our report
-PYTEST_TIMEOUT_RESERVE = 3.0
-MARKER = ("nccl(world=None, timeout=None, backend=None): run the test body on every rank of a "
-          "torch.distributed group of `world` processes (NCCL on GPUs, else gloo), bounded in time")
 
 SESSION_KEY = pytest.StashKey["NcclSession"]()
 RESULT_KEY = pytest.StashKey["dict"]()
+STARTED_KEY = pytest.StashKey[float]()   # when the item's protocol started (pytest-timeout's clock)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("nccl", "distributed tests on torch.distributed groups (pytest-nccl)")
-    group.addoption("--nccl-world", dest="nccl_world", metavar="N", help=WORLD_HELP)
-    group.addoption("--nccl-backend", dest="nccl_backend", metavar="NAME", help=BACKEND_HELP)
-    group.addoption("--nccl-timeout", dest="nccl_timeout", metavar="SECONDS", help=TIMEOUT_HELP)
-    group.addoption("--nccl-trace", dest="nccl_trace", metavar="on|off", help=TRACE_HELP)
-    group.addoption("--nccl-trace-dir", dest="nccl_trace_dir", metavar="DIR", help=TRACE_DIR_HELP)
-    group.addoption("--nccl-report", dest="nccl_report", metavar="FILE", help=REPORT_HELP)
-    group.addoption("--nccl-exitcode-infra", dest="nccl_exitcode_infra", action="store_const", const=125,
-                    default=None, help=INFRA_HELP)
-    group.addoption("--nccl-spmd", dest="nccl_spmd", metavar="auto|on|off", help=SPMD_HELP)  # spmd.py
-    parser.addini("nccl_world", WORLD_HELP, default="2")
-    parser.addini("nccl_backend", BACKEND_HELP, default="auto")
-    parser.addini("nccl_timeout", TIMEOUT_HELP, default="120")
-    parser.addini("nccl_trace", TRACE_HELP, default="on")
-    parser.addini("nccl_preload", PRELOAD_HELP, type="linelist", default=[])
-    parser.addini("nccl_spmd", SPMD_HELP, default="auto")
+    add_options(parser)
 
 
-# -- parsing user input: one clear line for anything wrong ---------------------------------------
-
-def parse_world(value, where: str) -> int:
-    try:
-        world = int(str(value).strip())
-    except (TypeError, ValueError):
-        raise NcclUsageError(f"{where} must be a whole number of ranks >= 1, got {value!r}") from None
-    if world < 1:
-        raise NcclUsageError(f"{where} must be a whole number of ranks >= 1, got {value!r}")
-    return world
-
-
-def parse_timeout(value, where: str) -> float:
-    try:
-        timeout = float(str(value).strip())
-    except (TypeError, ValueError):
-        raise NcclUsageError(f"{where} must be a number of seconds > 0, got {value!r}") from None
-    if not timeout > 0:
-        raise NcclUsageError(f"{where} must be a number of seconds > 0, got {value!r}")
-    return timeout
-
-
-def parse_backend(value, where: str) -> str:
-    backend = str(value).strip().lower()
-    if backend not in BACKENDS:
-        raise NcclUsageError(f"{where} must be one of {', '.join(BACKENDS)}, got {value!r}")
-    return backend
-
-
-def resolve_backend(requested: str, world: int, cuda_devices: int) -> tuple[str, str]:
-    """(backend, why) for a group of ``world`` ranks."""
-    if requested == "gloo":
-        return "gloo", "requested"
-    if requested == "nccl":
-        if cuda_devices < world:
-            raise NcclUsageError(f"--nccl-backend=nccl needs {world} CUDA devices for world {world}; "
-                                 f"this machine has {cuda_devices}")
-        return "nccl", "requested"
-    if cuda_devices == 0:
-        return "gloo", "auto: no CUDA device"
-    if cuda_devices < world:
-        return "gloo", f"auto: {cuda_devices} CUDA device{'s' if cuda_devices != 1 else ''} < world {world}"
-    return "nccl", f"auto: {cuda_devices} CUDA devices >= world {world}"
-
-
-def _option(config, name: str):
-    value = config.getoption(name)
-    return value if value is not None else config.getini(name)
-
-
-def _cuda_device_count() -> int:
+def cuda_device_count() -> int:
+    """GPUs on this host, without initializing CUDA in this process: ``device_count()`` asks NVML
+    first (``is_available()`` would call cudaGetDeviceCount, which poisons later forks)."""
     try:
         import torch
     except ImportError:
         raise NcclUsageError("torch is not installed: install it first (see the README: "
                              "`pip install torch==2.13.0` on CPU-only machines)") from None
     try:
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return torch.cuda.device_count()
     except Exception:
         return 0
 
@@ -129,36 +55,56 @@ def _cuda_device_count() -> int:
 class NcclSession:
     """Per pytest process: settings, the group pool, results for the gate report."""
     config: pytest.Config
-    world: int
-    requested_backend: str
-    timeout: float
-    trace: bool
-    trace_dir: str | None
+    settings: Settings
     cuda_devices: int = -1
     pool: GroupPool | None = None
     test_modules: dict = field(default_factory=dict)    # module name -> path, of nccl-marked tests
     environment: dict | None = None                      # for the gate report and JUnit properties
     recorder: "ReportRecorder | None" = None
     spmd: "object | None" = None                         # spmd.SpmdSession under a launcher (SPMD mode)
+    warned_spawn: bool = False
+
+    # the settings the rest of the plugin reads most
+    @property
+    def world(self) -> int:
+        return self.settings.world
+
+    @property
+    def timeout(self) -> float:
+        return self.settings.timeout
+
+    @property
+    def trace(self) -> bool:
+        return self.settings.trace
+
+    @property
+    def trace_dir(self) -> str | None:
+        return self.settings.trace_dir
+
+    @property
+    def requested_backend(self) -> str:
+        return self.settings.backend
 
     def devices(self) -> int:
         if self.cuda_devices < 0:
-            self.cuda_devices = _cuda_device_count()
+            self.cuda_devices = cuda_device_count()
         return self.cuda_devices
 
+    def placement(self, world: int, requested: str | None = None) -> Placement:
+        return place(requested or self.settings.backend, world, self.devices())
+
     def backend_for(self, world: int, requested: str | None = None) -> tuple[str, str]:
-        requested = requested or self.requested_backend
-        if requested == "gloo":
-            return "gloo", "requested"
-        return resolve_backend(requested, world, self.devices())
+        p = self.placement(world, requested)
+        return p.backend, p.why
 
     def get_pool(self) -> GroupPool:
         if self.pool is None:
             from .gpus import GpuLeaser
-            preload = [(m, "") for m in self.config.getini("nccl_preload")]
+            preload = [(m, "") for m in self.settings.preload]
             preload += sorted(self.test_modules.items())
             leaser = GpuLeaser(self.devices()) if self.devices() > 0 else None
-            self.pool = GroupPool(None, preload, self.trace, gpu_leaser=leaser)
+            self.pool = GroupPool(None, preload, self.trace, gpu_leaser=leaser,
+                                  rank_start=self.settings.rank_start)
         return self.pool
 
     def close(self) -> None:
@@ -170,19 +116,13 @@ class NcclSession:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER)
     try:
-        world = parse_world(_option(config, "nccl_world"), "--nccl-world")
-        backend = parse_backend(_option(config, "nccl_backend"), "--nccl-backend")
-        timeout = parse_timeout(_option(config, "nccl_timeout"), "--nccl-timeout")
-        trace_value = str(_option(config, "nccl_trace")).strip().lower()
-        if trace_value not in ("on", "off", "1", "0", "true", "false"):
-            raise NcclUsageError(f"--nccl-trace must be on or off, got {trace_value!r}")
+        settings = parse_settings(config)
     except NcclUsageError as exc:
         raise pytest.UsageError(str(exc)) from None
-    session = NcclSession(config, world, backend, timeout, trace_value in ("on", "1", "true"),
-                          config.getoption("nccl_trace_dir"))
-    if backend == "nccl":
+    session = NcclSession(config, settings)
+    if settings.backend == "nccl":
         try:
-            session.backend_for(world)
+            session.placement(settings.world)
         except NcclUsageError as exc:
             raise pytest.UsageError(str(exc)) from None
     config.stash[SESSION_KEY] = session
@@ -228,10 +168,10 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     if session.spmd is not None:
         return session.spmd.header()
     try:
-        backend, why = session.backend_for(session.world)
+        placement = session.placement(session.world)
     except NcclUsageError as exc:
         return f"nccl: {exc}"
-    return (f"nccl: world {session.world}, backend {backend} ({why}), timeout {session.timeout:g} s, "
+    return (f"nccl: world {session.world}, {placement.describe()}, timeout {session.timeout:g} s, "
             f"trace {'on' if session.trace else 'off'}")
 
 
@@ -293,12 +233,13 @@ backend = _rank_fixture("backend")
 class NcclWorld:
     """A started group of ``--nccl-world`` ranks, driven from the controller."""
 
-    def __init__(self, session: NcclSession, nodeid: str, timeout: float):
+    def __init__(self, session: NcclSession, nodeid: str, budget: Budget):
         self._session = session
         self._nodeid = nodeid
-        self._timeout = timeout
+        self._budget = budget
         self.size = session.world
-        self.backend = session.backend_for(self.size)[0]
+        self._placement = session.placement(self.size)
+        self.backend = self._placement.backend
 
     def run(self, fn, *args, **kwargs) -> list:
         """Run module-level ``fn(*args, **kwargs)`` on every rank; the return values in rank order."""
@@ -310,7 +251,7 @@ class NcclWorld:
                                  f"{type(exc).__name__}: {exc}") from None
         call = protocol.Call(0, protocol.KIND_FUNCTION, module, path, qualname, payload,
                              nodeid=self._nodeid)
-        result = execute(self._session, call, self.size, self.backend, self._timeout, None)
+        result = execute(self._session, call, self.size, self._placement, self._budget, None)
         return [pickle.loads(result.outcomes[r].value) for r in range(self.size)]
 
 
@@ -321,7 +262,7 @@ def nccl_world(request) -> NcclWorld:
     if session.spmd is not None:  # SPMD mode: no group of our own to drive from a controller
         pytest.skip("nccl_world drives a group the plugin starts; under a launcher (SPMD mode) there is none: "
                     "run this test with plain pytest, or mark it @pytest.mark.nccl")
-    return NcclWorld(session, request.node.nodeid, effective_timeout(request.node, session.timeout))
+    return NcclWorld(session, request.node.nodeid, item_budget(request.node, session.timeout))
 
 
 def function_reference(fn) -> tuple[str, str, str]:
@@ -343,29 +284,16 @@ def function_reference(fn) -> tuple[str, str, str]:
     return module, mod.__file__, qualname
 
 
-def effective_timeout(item, timeout: float) -> float:
-    """Our bound, shortened to fire before pytest-timeout's (so the report keeps our content)."""
-    other = None
-    marker = item.get_closest_marker("timeout")
-    if marker is not None:
-        other = marker.args[0] if marker.args else marker.kwargs.get("timeout")
-    if other is None:
-        try:
-            other = item.config.getoption("timeout")
-        except (ValueError, AttributeError):
-            other = None
-        if other is None:
-            try:
-                other = item.config.getini("timeout")
-            except (ValueError, KeyError):
-                other = None
-    try:
-        other = float(other) if other not in (None, "") else 0.0
-    except (TypeError, ValueError):
-        other = 0.0
-    if other > 0:
-        return max(0.5, min(timeout, other - PYTEST_TIMEOUT_RESERVE))
-    return timeout
+def item_budget(item, timeout: float) -> Budget:
+    """Our bound for ``item``, and pytest-timeout's deadline when it has one: ours fires first, so
+    the report keeps the trace."""
+    return budget_for(item, timeout, item.stash.get(STARTED_KEY, None))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    # pytest-timeout starts its clock here too (unless func_only)
+    item.stash[STARTED_KEY] = time.monotonic()
 
 
 # -- running a call ---------------------------------------------------------------------------------
@@ -384,7 +312,7 @@ def _raise_failure(session: NcclSession, call: protocol.Call, result: CallResult
     raise exc_class(diag.headline, diag, report)
 
 
-def execute(session: NcclSession, call: protocol.Call, world: int, backend: str, timeout: float,
+def execute(session: NcclSession, call: protocol.Call, world: int, placement: Placement, budget: Budget,
             item_stash: dict | None) -> CallResult:
     """Run one call on a group of ``world`` ranks; raise the right DistributedTestFailure on any
     failure, ``pytest.skip`` / ``pytest.xfail`` when every rank did."""
@@ -392,13 +320,14 @@ def execute(session: NcclSession, call: protocol.Call, world: int, backend: str,
     pool = session.get_pool()
     if session.test_modules and call.path:
         pool.ensure_zygote().import_modules([(call.module, call.path)])
-    setup_deadline = time.monotonic() + max(timeout, 30.0)
-    group = pool.get(world, backend, timeout, setup_deadline)
+    backend = placement.backend
+    group = pool.get(world, placement, budget.timeout, budget.setup_deadline())
+    _warn_once_about_spawn(session, pool)
     call.journal_dir = pool.new_call_dir()
     call.trace = session.trace
     call.sys_path = list(sys.path)
     try:
-        result = group.run(call, timeout)
+        result = group.run(call, budget.bound())
     finally:
         if not group.healthy:
             pool.release()
@@ -428,6 +357,21 @@ def execute(session: NcclSession, call: protocol.Call, world: int, backend: str,
         _raise_failure(session, call, result, diag, backend, item_stash)
     finally:
         _remove(call.journal_dir)
+
+
+def _warn_once_about_spawn(session: NcclSession, pool: GroupPool) -> None:
+    culprit = pool.zygote.cuda_initialized_by if pool.zygote is not None else None
+    if culprit is None or session.warned_spawn or session.settings.rank_start != "auto":
+        return
+    session.warned_spawn = True
+    cost = f" (this group: {pool.spawned_group_starts[-1]:.1f} s)" if pool.spawned_group_starts else ""
+    # attributed to the module that did it, so the warnings summary names it
+    warnings.warn_explicit(pytest.PytestWarning(
+        f"pytest-nccl: {culprit} initialized CUDA when the fork server imported it (a CUDA tensor or a "
+        f"CUDA call at module level); a forked rank cannot use CUDA after that, so this session starts "
+        f"ranks as fresh interpreters: each new group pays an interpreter start and the imports{cost} "
+        f"instead of a fork. Move that CUDA work into a fixture or the test body to get forked ranks back."),
+        None, culprit, 1)
 
 
 def _same_error_everywhere(result: CallResult, world: int) -> str | None:
@@ -472,20 +416,12 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
         return None
     __tracebackhide__ = True
     session: NcclSession = pyfuncitem.config.stash[SESSION_KEY]
-    kw = dict(marker.kwargs)
-    if marker.args:
-        kw.setdefault("world", marker.args[0])
-    unknown = set(kw) - {"world", "timeout", "backend"}
-    if unknown:
-        raise NcclUsageError(f"@pytest.mark.nccl got unknown argument(s) {', '.join(sorted(unknown))}; "
-                             "it takes world, timeout, backend")
-    world = parse_world(kw["world"], "@pytest.mark.nccl(world=...)") if kw.get("world") is not None else session.world
-    timeout = parse_timeout(kw["timeout"], "@pytest.mark.nccl(timeout=...)") if kw.get("timeout") is not None else session.timeout
-    requested = parse_backend(kw["backend"], "@pytest.mark.nccl(backend=...)") if kw.get("backend") is not None else None
+    args = parse_marker(pyfuncitem)
     if session.spmd is not None:  # SPMD mode: run the body here, on this launched rank (spmd.py)
         return session.spmd.run_test(pyfuncitem)
-    backend, _ = session.backend_for(world, requested)
-    timeout = effective_timeout(pyfuncitem, timeout)
+    world = args.world or session.world
+    placement = session.placement(world, args.backend)
+    budget = item_budget(pyfuncitem, args.timeout or session.timeout)
     kwargs, rank_args = _test_kwargs(pyfuncitem)
     module = pyfuncitem.module
     cls = pyfuncitem.cls
@@ -496,7 +432,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
     stash: dict = {}
     pyfuncitem.stash[RESULT_KEY] = stash
     try:
-        execute(session, call, world, backend, timeout, stash)
+        execute(session, call, world, placement, budget, stash)
     except (RankSetupError, NcclUsageError) as exc:
         # the test could not run at all: git bisect must skip such a commit, not blame it
         infra = isinstance(exc, RankSetupError) or str(exc).startswith("cannot load")
@@ -577,7 +513,7 @@ def pytest_sessionstart(session) -> None:
         return
     from _pytest.junitxml import xml_key
     xml = config.stash.get(xml_key, None)
-    if xml is None and not config.getoption("nccl_report"):
+    if xml is None and not nccl.settings.report:
         return
     from . import gate
     nccl.environment = gate.collect_environment()
@@ -609,7 +545,7 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     if nccl is None or _is_worker(config):
         return
     reports = nccl.recorder.reports
-    path = config.getoption("nccl_report")
+    path = nccl.settings.report
     if path:
         from . import gate
         results = [r for r in (gate.result_from_report(rep) for rep in reports) if r is not None]
@@ -619,7 +555,7 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         with open(path, "w", encoding="utf-8") as f:
             f.write(markdown)
         gate.append_step_summary(markdown)
-    code = config.getoption("nccl_exitcode_infra")
+    code = nccl.settings.exitcode_infra
     if code is not None:
         from .bisect import exitcodes
         failures = [exitcodes.failure_from_report(rep) for rep in reports if rep.failed]

@@ -170,7 +170,7 @@ def run_call(call: Call, rank: int) -> Outcome:
                    duration=time.perf_counter() - start)
 
 
-def _set_environment(spec: dict) -> None:
+def set_environment(spec: dict) -> None:
     rank = spec["rank"]
     os.environ.update({
         "RANK": str(rank), "LOCAL_RANK": str(spec["local_rank"]), "WORLD_SIZE": str(spec["world"]),
@@ -181,8 +181,9 @@ def _set_environment(spec: dict) -> None:
     os.environ.update(spec.get("env", {}))
 
 
-def main(spec: dict) -> None:
-    """Entry point in the forked child. Never returns."""
+def main(spec: dict, prepare=None) -> None:
+    """Entry point in the forked (or spawned) child. Never returns. ``prepare``: what a spawned rank
+    imports before joining (a forked one has it from the fork server)."""
     rank = spec["rank"]
     out_fd = os.open(spec["output_path"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
     os.dup2(out_fd, 1)
@@ -196,7 +197,9 @@ def main(spec: dict) -> None:
     stack_file = open(spec["stack_path"], "w")
     faulthandler.enable(file=stack_file, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
-    _set_environment(spec)
+    set_environment(spec)
+    if prepare is not None:
+        prepare()
 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(spec["control_path"])

@@ -39,6 +39,7 @@ Fixtures of any kind work (they run in-process); ``rank``, ``world_size``, ``dev
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -58,6 +59,7 @@ import pytest
 from . import errors, protocol
 from .diagnose import (Diagnosis, diagnose, digests_agree, members_of, stuck_on_mismatch,
                        waits_for_a_finished_rank)
+from .settings import parse_marker
 from .errors import DistributedTestFailure, NcclUsageError, RankSetupError
 from .protocol import describe_exception, exit_like_os_exit
 from .journal import parse_journal
@@ -618,9 +620,10 @@ class SpmdSession:
 
     def _choose_backend(self) -> tuple[str, str]:
         """Like plugin mode's auto: NCCL when this node has a CUDA device for every local rank."""
-        from .plugin import resolve_backend
+        from .settings import place
         try:
-            return resolve_backend(self.nccl.requested_backend, self.launch.local_world, self.nccl.devices())
+            p = place(self.nccl.requested_backend, self.launch.local_world, self.nccl.devices())
+            return p.backend, p.why
         except NcclUsageError as exc:
             raise pytest.UsageError(f"pytest-nccl SPMD mode: {exc}") from None
 
@@ -636,7 +639,7 @@ class SpmdSession:
         for name in ("xmlpath", "nccl_report"):
             if hasattr(config.option, name):
                 setattr(config.option, name, None)
-        self.nccl.trace_dir = None
+        self.nccl.settings = dataclasses.replace(self.nccl.settings, trace_dir=None, report=None)
         try:
             from _pytest.junitxml import xml_key
             xml = config.stash.get(xml_key, None)
@@ -828,20 +831,14 @@ class SpmdSession:
 
     def _runs_here(self, item) -> str | None:
         """Why this test cannot run on the launched group (its world or backend differ), or None."""
-        from .plugin import parse_backend, parse_world
-        marker = item.get_closest_marker("nccl")
-        kw = dict(marker.kwargs)
-        if marker.args:
-            kw.setdefault("world", marker.args[0])
-        if set(kw) - {"world", "timeout", "backend"}:
-            raise NcclUsageError("unknown marker arguments")
-        if kw.get("world") is not None:
-            world = parse_world(kw["world"], "@pytest.mark.nccl(world=...)")
+        args = parse_marker(item)
+        if args.world is not None:
+            world = args.world
             if world != self.world:
                 return (f"pytest-nccl: {item.name} needs world {world}; the launched group has {self.world} "
                         f"rank{'s' if self.world != 1 else ''}")
-        if kw.get("backend") is not None:
-            backend = parse_backend(kw["backend"], "@pytest.mark.nccl(backend=...)")
+        if args.backend is not None:
+            backend = args.backend
             if backend != "auto" and backend != self.backend:
                 return f"pytest-nccl: {item.name} needs backend {backend}; the launched group runs {self.backend}"
         return None
@@ -1274,15 +1271,15 @@ class SpmdSession:
 
 def _bound_of(item) -> float:
     """The test's bound as the plugin computes it (marker timeout, session timeout, pytest-timeout)."""
-    from .plugin import SESSION_KEY, effective_timeout, parse_timeout
+    from .plugin import SESSION_KEY, item_budget
     timeout = item.config.stash[SESSION_KEY].timeout
-    marker = item.get_closest_marker("nccl")
-    if marker is not None and marker.kwargs.get("timeout") is not None:
-        try:
-            timeout = parse_timeout(marker.kwargs["timeout"], "@pytest.mark.nccl(timeout=...)")
-        except NcclUsageError:
-            pass
-    return effective_timeout(item, timeout)
+    try:
+        args = parse_marker(item)
+    except NcclUsageError:
+        args = None
+    if args is not None and args.timeout is not None:
+        timeout = args.timeout
+    return item_budget(item, timeout).bound()
 
 
 def collection_difference(lists: dict, world: int, gone: list) -> str | None:

@@ -1,19 +1,29 @@
 """The fork server: one process per pytest session that imports torch (and the test modules, and
 what they import: trl takes 6-7 s) once, then forks a rank per request in about a millisecond.
 
-Started by ``group.Zygote`` as ``python -m pytest_nccl.zygote FD``; speaks pickled tuples over the
-socket FD:
+Started by ``group.Zygote`` as ``python -m pytest_nccl.zygote FD PARENT``; speaks pickled tuples
+over the socket FD:
     controller -> zygote: ("import", [(module, path), ...], sys_path) | ("fork", spec)
-    zygote -> controller: ("ready", info) | ("imported", failures) | ("forked", pid)
+    zygote -> controller: ("ready", info) | ("imported", info) | ("forked", pid)
                           | ("exited", pid, raw_wait_status)
+    info: {"torch": version, "failures": [...], "cuda_initialized_by": module or None, "start": how}
 It reaps its children and reports each exit, because ranks are not the controller's children.
 It dies with the controller (PR_SET_PDEATHSIG), and every rank dies with it.
+
+CUDA: a process that initialized CUDA cannot give CUDA to a forked child ("Cannot re-initialize
+CUDA in forked subprocess"). The fork server checks CUDA with NVML (``PYTORCH_NVML_BASED_CUDA_CHECK``,
+so ``torch.cuda.is_available()`` at import is harmless) and, after each import, whether a module
+initialized CUDA anyway (a CUDA tensor at module level). From then on it starts each rank as a
+fresh interpreter (``python -m pytest_nccl.zygote --rank SPEC PARENT``) that imports torch and the
+same modules itself: seconds per group instead of a millisecond, but correct. ``rank_start`` =
+"spawn" asks for that from the start, "fork" never (a rank that then touches CUDA fails).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import pickle
 import signal
 import sys
 from multiprocessing.connection import Connection, wait
@@ -30,7 +40,25 @@ def die_with_parent(expected_parent: int) -> None:
         os._exit(1)
 
 
-def _import_modules(modules, sys_path) -> list[str]:
+def cuda_initialized() -> bool:
+    """Whether this process holds CUDA state that a forked child cannot use: CUDA initialized by
+    torch (a CUDA tensor, ``set_device``), or the driver queried outside NVML, which makes torch
+    mark every later fork as a bad fork."""
+    import torch
+    if torch.cuda.is_initialized():
+        return True
+    if not torch.cuda._is_compiled():
+        return False
+    pid = os.fork()  # about a millisecond: ask a child whether torch considers it a bad fork
+    if pid == 0:
+        bad = getattr(torch._C, "_cuda_isInBadFork", lambda: False)()
+        os._exit(3 if bad else 0)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 3
+
+
+def import_modules(modules, sys_path, state: dict) -> list[str]:
+    """Import test modules and preloads; note in ``state`` the first one that initialized CUDA."""
     from . import rank
     for entry in sys_path:
         if entry not in sys.path:
@@ -44,7 +72,20 @@ def _import_modules(modules, sys_path) -> list[str]:
                 __import__(name)
         except BaseException as exc:  # a test module that fails to import fails in its rank, later
             failures.append(f"{name}: {type(exc).__name__}: {exc}")
+        state["modules"].append((name, path))
+        if state["cuda_initialized_by"] is None and state["check_cuda"] and cuda_initialized():
+            state["cuda_initialized_by"] = path or name
     return failures
+
+
+def _info(state: dict, failures: list) -> dict:
+    return {"torch": state["torch"], "failures": failures, "cuda_initialized_by": state["cuda_initialized_by"],
+            "start": "spawn" if _spawns(state) else "fork"}
+
+
+def _spawns(state: dict) -> bool:
+    return state["rank_start"] == "spawn" or (state["rank_start"] == "auto"
+                                               and state["cuda_initialized_by"] is not None)
 
 
 def _fork_rank(conn: Connection, pidfds: dict, spec: dict) -> int:
@@ -69,7 +110,44 @@ def _fork_rank(conn: Connection, pidfds: dict, spec: dict) -> int:
     return pid
 
 
+def _spawn_rank(state: dict, spec: dict) -> int:
+    """Start a rank as a fresh interpreter: its own session (teardown reaches what it starts)."""
+    path = spec["output_path"] + ".spec"
+    with open(path, "wb") as f:
+        pickle.dump({"spec": spec, "modules": list(state["modules"]), "sys_path": list(sys.path),
+                     "trace": state["trace"]}, f)
+    return os.posix_spawn(sys.executable, [sys.executable, "-m", "pytest_nccl.zygote", "--rank", path,
+                                           str(os.getpid())], os.environ, setsid=True)
+
+
+def spawned_rank_main(spec_path: str, parent: int) -> None:
+    """A rank started as a fresh interpreter: what the fork server holds (torch, the tracer, the test
+    modules), built here, then the same rank loop as a forked rank."""
+    die_with_parent(parent)
+    with open(spec_path, "rb") as f:
+        job = pickle.load(f)
+    spec = job["spec"]
+    sys.path[:] = job["sys_path"]
+    from . import rank
+    rank.set_environment(spec)  # CUDA_VISIBLE_DEVICES and friends, before any module touches CUDA
+    import torch.distributed  # noqa: F401
+    from . import tracer
+    if job["trace"]:
+        tracer.install()
+    rank.main(spec, prepare=lambda: import_modules(job["modules"], [], _state(job["trace"], "fork", False)))
+
+
+def _state(trace: bool, rank_start: str, check_cuda: bool) -> dict:
+    return {"modules": [], "cuda_initialized_by": None, "trace": trace, "rank_start": rank_start,
+            "check_cuda": check_cuda, "torch": ""}
+
+
 def main() -> None:
+    if sys.argv[1] == "--rank":
+        try:
+            spawned_rank_main(sys.argv[2], int(sys.argv[3]))
+        finally:
+            os._exit(72)
     fd = int(sys.argv[1])
     die_with_parent(int(sys.argv[2]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to pytest, which tears us down
@@ -82,8 +160,9 @@ def main() -> None:
     from . import rank, tracer  # noqa: F401
     if config["trace"]:
         tracer.install()
-    info = {"torch": torch.__version__, "failures": _import_modules(config["preload"], [])}
-    conn.send(("ready", info))
+    state = _state(config["trace"], config.get("rank_start", "auto"), config.get("rank_start", "auto") == "auto")
+    state["torch"] = torch.__version__
+    conn.send(("ready", _info(state, import_modules(config["preload"], [], state))))
 
     pidfds: dict[int, int] = {}
     while True:
@@ -99,9 +178,12 @@ def main() -> None:
                             pass
                     os._exit(0)
                 if msg[0] == "import":
-                    conn.send(("imported", _import_modules(msg[1], msg[2])))
+                    conn.send(("imported", _info(state, import_modules(msg[1], msg[2], state))))
                 elif msg[0] == "fork":
-                    pid = _fork_rank(conn, pidfds, msg[1])
+                    if _spawns(state):
+                        pid = _spawn_rank(state, msg[1])
+                    else:
+                        pid = _fork_rank(conn, pidfds, msg[1])
                     pidfds[os.pidfd_open(pid)] = pid
                     conn.send(("forked", pid))
             else:

@@ -10,8 +10,11 @@ import time
 import uuid
 
 import pytest
+import torch
 
 from conftest import assert_no_leftovers, processes_with_tag
+
+GPUS = torch.cuda.device_count()  # NVML: no CUDA initialized in this process
 
 SIMPLE = """
 import pytest, torch
@@ -29,8 +32,9 @@ def test_ok(rank):
     (["--nccl-world=abc"], "--nccl-world must be a whole number of ranks >= 1, got 'abc'"),
     (["--nccl-backend=mpi"], "--nccl-backend must be one of auto, nccl, gloo, got 'mpi'"),
     (["--nccl-timeout=0"], "--nccl-timeout must be a number of seconds > 0, got '0'"),
-    (["--nccl-backend=nccl", "--nccl-world=2"], "--nccl-backend=nccl needs 2 CUDA devices for world 2; "
-                                                "this machine has 0"),
+    (["--nccl-backend=nccl", f"--nccl-world={GPUS + 1}"],
+     f"--nccl-backend=nccl needs {GPUS + 1} CUDA devices for world {GPUS + 1}; this machine has {GPUS}"),
+    (["--nccl-rank-start=vfork"], "--nccl-rank-start must be one of auto, fork, spawn, got 'vfork'"),
 ])
 def test_bad_options_one_line(pytester, args, message):
     pytester.makepyfile(SIMPLE)

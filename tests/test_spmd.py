@@ -226,7 +226,9 @@ def test_torchrun_one_node_two_ranks(launch, pytester):
 def test_torchrun_two_nodes_one_rank_each(launch):
     """Two launchers (as on two nodes) with a c10d rendezvous; the session ends at a rank that no
     abort releases, with rank 0's report, and every process exits."""
-    run = launch(SPMD_CASES + STUCK_CASE, "test_inner.py", "--nccl-timeout=60", nodes=2, nproc=1)
+    # gloo: both "nodes" are this host, so on a GPU host each would pick its local GPU 0 for NCCL
+    run = launch(SPMD_CASES + STUCK_CASE, "test_inner.py", "--nccl-timeout=60", "--nccl-backend=gloo",
+                 nodes=2, nproc=1)
     report = run.report
     assert run.text.count("test session starts") == 1, run.text
     assert "rank 1 raised ValueError: boom on rank 1 after 1 collective" in report

@@ -2,10 +2,13 @@
 property, async collectives, subgroups, and --nccl-trace=off."""
 
 import json
+import pickle
 import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+
+import torch
 
 TRACED = """
 import time
@@ -59,8 +62,16 @@ def test_trace_dir_junit_and_flight_recorder(run_inner, pytester):
     assert sorted(p.name for p in fr_dir.iterdir()) == ["rank_0", "rank_1"]
     analyzed = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(fr_dir)],
                               capture_output=True, text=True, timeout=120)
-    assert analyzed.returncode == 0, analyzed.stderr
     printed = analyzed.stdout + analyzed.stderr  # its logger writes to stderr
+    if analyzed.returncode != 0 and re.search(r"gloo.*nccl", printed):
+        # older fr_trace (torch 2.11) analyzes NCCL/XCCL dumps only: the dump must still be what it
+        # loads (it got as far as checking the backend), with the entries of the hang
+        with open(fr_dir / "rank_0", "rb") as f:
+            dump = pickle.load(f)
+        assert {"entries", "pg_config", "version"} <= set(dump), sorted(dump)
+        assert any("all_gather" in e.get("profiling_name", "") for e in dump["entries"]), dump["entries"]
+        return
+    assert analyzed.returncode == 0, printed
     assert "missing ranks: {1}" in printed and "gloo:all_gather" in printed
 
 
@@ -113,7 +124,7 @@ def test_gate_report_step_summary_and_bisect_exit_codes(run_inner, pytester, mon
     inner = run_inner(GATE, "--nccl-report=gate.md", "--nccl-exitcode-infra")
     assert inner.result.ret == 1  # a desync is a real failure: git bisect marks the commit bad
     report = (pytester.path / "gate.md").read_text()
-    assert "backend **gloo**, world size **2**" in report and "| torch | 2.13.0" in report
+    assert "backend **gloo**, world size **2**" in report and f"| torch | {torch.__version__} |" in report
     assert "rank 1 left the test (passed) after 0 collectives" in report
     assert summary.read_text() == report
 

@@ -7,24 +7,27 @@ import pytest
 
 from pytest_nccl.errors import NcclUsageError
 from pytest_nccl.gpus import GpuLeaser
-from pytest_nccl.plugin import parse_world, resolve_backend
+from pytest_nccl.settings import Placement, parse_world, place
 
 
 @pytest.mark.parametrize("requested, world, gpus, expected", [
-    ("auto", 4, 0, ("gloo", "auto: no CUDA device")),
-    ("auto", 4, 2, ("gloo", "auto: 2 CUDA devices < world 4")),
-    ("auto", 4, 8, ("nccl", "auto: 8 CUDA devices >= world 4")),
-    ("gloo", 2, 8, ("gloo", "requested")),
-    ("nccl", 2, 2, ("nccl", "requested")),
+    ("auto", 4, 0, Placement("gloo", "auto: no CUDA device")),
+    ("auto", 4, 1, Placement("gloo", "auto: 1 CUDA device < world 4; CUDA hidden from the ranks")),
+    ("auto", 4, 2, Placement("gloo", "auto: 2 CUDA devices < world 4; CUDA hidden from the ranks")),
+    ("auto", 4, 8, Placement("nccl", "auto: 8 CUDA devices >= world 4", gpus=True)),
+    ("gloo", 2, 0, Placement("gloo", "requested")),
+    ("gloo", 2, 1, Placement("gloo", "requested; CUDA hidden from the ranks: 1 CUDA device < world 2")),
+    ("gloo", 2, 8, Placement("gloo", "requested; a GPU per rank: 8 CUDA devices >= world 2", gpus=True)),
+    ("nccl", 2, 2, Placement("nccl", "requested", gpus=True)),
 ])
-def test_backend_choice(requested, world, gpus, expected):
-    assert resolve_backend(requested, world, gpus) == expected
+def test_placement(requested, world, gpus, expected):
+    assert place(requested, world, gpus) == expected
 
 
 def test_nccl_without_enough_gpus_is_one_line():
     with pytest.raises(NcclUsageError, match=r"^--nccl-backend=nccl needs 4 CUDA devices for world 4; "
                                              r"this machine has 1$"):
-        resolve_backend("nccl", 4, 1)
+        place("nccl", 4, 1)
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "abc", "2.5", ""])
@@ -33,8 +36,11 @@ def test_world_must_be_a_positive_integer(value):
         parse_world(value, "--nccl-world")
 
 
+NAMES = ["0", "1", "2", "3"]
+
+
 def _hold(lock_dir, n, ready, release):
-    lease = GpuLeaser(4, lock_dir).try_acquire(n)
+    lease = GpuLeaser(4, lock_dir, names=NAMES).try_acquire(n)
     ready.put(None if lease is None else lease.ids)
     release.wait(30)
 
@@ -47,16 +53,16 @@ def test_gpu_leases_never_overlap_between_processes(tmp_path):
     holder = ctx.Process(target=_hold, args=(str(tmp_path), 2, ready, release))
     holder.start()
     try:
-        assert ready.get(timeout=10) == [0, 1]
-        leaser = GpuLeaser(4, str(tmp_path))
+        assert ready.get(timeout=10) == ["0", "1"]
+        leaser = GpuLeaser(4, str(tmp_path), names=NAMES)
         mine = leaser.try_acquire(2)
-        assert mine.ids == [2, 3]
+        assert mine.ids == ["2", "3"]
         assert leaser.try_acquire(1) is None
         with pytest.raises(TimeoutError, match="no 1 free GPUs of 4"):
             leaser.acquire(1, time.monotonic() + 0.3)
         mine.release()
-        assert leaser.try_acquire(2).ids == [2, 3]
+        assert leaser.try_acquire(2).ids == ["2", "3"]
     finally:
         release.set()
         holder.join(10)
-    assert GpuLeaser(4, str(tmp_path)).try_acquire(2).ids == [0, 1]  # the dead holder's lease is gone
+    assert GpuLeaser(4, str(tmp_path), names=NAMES).try_acquire(2).ids == ["0", "1"]  # the dead holder's lease is gone
