@@ -2,14 +2,21 @@
 # Prepare DeepSpeed for suites/zero on a CPU-only machine, ahead of pytest:
 #   - g++ (apt) and ninja (pip, into the interpreter's environment) for DeepSpeed's JIT op build;
 #   - build DeepSpeed's deepspeed_shm_comm op once into the persistent cache
-#     ~/.cache/pytest-nccl/torch_extensions/<py>-torch<v>-ds<v> (45-110 s on 2 cores the first
-#     time, ~3 s when cached). suites/zero/conftest.py uses the same directory (and would build it
-#     itself, outside any test's bound, if this script did not run).
+#     ~/.cache/pytest-nccl/torch_extensions/<py>-torch<v>-ds<v>-<hash> (45-110 s on 2 cores the
+#     first time, ~3 s when cached). <hash> covers what makes ninja rebuild besides the sources:
+#     the interpreter, its environment's paths (sys.prefix, torch's and DeepSpeed's install dirs),
+#     CXX and the ninja binary; so each virtual environment gets its own directory. The build
+#     writes that signature next to the op (pytest-nccl-build.json).
+#     suites/zero/conftest.py computes the same directory (suites/zero/build_deepspeed_ops.py) and,
+#     right after collection, builds it itself (outside any test's bound) whenever the op would
+#     not load without a rebuild: stamp differs from this environment, ninja -n has work, or a
+#     killed build left its lock. This script only moves that wait ahead of pytest.
 # Usage (from .ci/run, before pytest):  bash .ci/deepspeed_setup.sh [PYTHON]
-#   PYTHON defaults to $PYTHON, else .venv/bin/python, else python3.
+#   PYTHON defaults to $PYTHON, else .venv/bin/python, else python3. Run it with the interpreter
+#   that will run pytest: another environment has another cache directory.
 # Without DeepSpeed installed it only says so: the suite's DeepSpeed tests then skip.
 # Environment the suite sets for itself (conftest.py), exported here only for other tools:
-#   DS_ACCELERATOR=cpu, TORCH_EXTENSIONS_DIR=<the cache dir above>.
+#   DS_ACCELERATOR=cpu, TORCH_EXTENSIONS_DIR=<the cache dir above> (kept when already set).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,4 +46,5 @@ export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"
 TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$("$PY" suites/zero/build_deepspeed_ops.py --print-dir)}"
 export TORCH_EXTENSIONS_DIR
 echo "deepspeed_setup: DS_ACCELERATOR=$DS_ACCELERATOR TORCH_EXTENSIONS_DIR=$TORCH_EXTENSIONS_DIR"
-PATH="$BIN:$PATH" "$PY" suites/zero/build_deepspeed_ops.py
+PATH="$BIN:$PATH" "$PY" suites/zero/build_deepspeed_ops.py --check || true   # says why it (re)builds
+PATH="$BIN:$PATH" "$PY" suites/zero/build_deepspeed_ops.py                   # builds or loads; writes the stamp

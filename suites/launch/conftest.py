@@ -3,7 +3,8 @@ peer that never joins (OpenRLHF) and a rank much slower than the others (verl). 
 so that the suite is green when pytest-nccl diagnoses it right: ``xfail(raises=..., strict=True)``
 on the exception class, and the project's own tests (``tests/test_spmd.py``) check the headline.
 
-Runs both ways:
+Runs both ways, at any world size (checked at 2, 3 and 4; no test pins one): the odd rank is rank 0
+(rendezvous) or the last rank (slow rollout), so each headline names one rank.
     pytest --nccl-world=2 suites/launch                        # the plugin starts the ranks
     torchrun --nproc-per-node=2 -m pytest suites/launch        # SPMD: each launched process is a rank
 """

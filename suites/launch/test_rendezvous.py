@@ -29,20 +29,27 @@ def init_weight_sync_group(rank: int, world_size: int, group_name: str = "openrl
     the rendezvous store for ``world_size`` members and wait for all of them (TCPStore's
     ``wait_for_workers``), then create the group over it. Unlike torch's tcp:// handler, the
     listening socket is bound to the loopback address (``master_listen_fd``), so the test opens
-    nothing on other interfaces."""
+    nothing on other interfaces.
+
+    The store owns ``master_listen_fd`` and closes it itself, also when it raises (as when the
+    plugin releases rank 0 from the wait): the socket is detached, never closed here too. Closing
+    it as well closed the fd a second time, by then possibly reused by the next test's gloo
+    connection ("epoll_ctl: Bad file descriptor", SIGABRT, seen under torchrun at 3 ranks)."""
     listener = socket.socket()
     try:
         listener.bind(("127.0.0.1", 0))
         listener.listen(world_size)
         host, port = listener.getsockname()
-        store = dist.TCPStore(host, port, world_size, rank == 0, timeout=OPENRLHF_TIMEOUT,
-                              wait_for_workers=True, master_listen_fd=listener.fileno())
-        return dist.ProcessGroupGloo(dist.PrefixStore(group_name, store), rank, world_size, OPENRLHF_TIMEOUT)
-    finally:
+    except BaseException:
         listener.close()
+        raise
+    listen_fd = listener.detach()  # from here on the store's
+    store = dist.TCPStore(host, port, world_size, rank == 0, timeout=OPENRLHF_TIMEOUT,
+                          wait_for_workers=True, master_listen_fd=listen_fd)
+    return dist.ProcessGroupGloo(dist.PrefixStore(group_name, store), rank, world_size, OPENRLHF_TIMEOUT)
 
 
-@pytest.mark.nccl(world=2, timeout=5)
+@pytest.mark.nccl(timeout=5)
 @pytest.mark.xfail(raises=pytest_nccl.CollectiveTimeout, strict=True,
                    reason="OpenRLHF: the vLLM engine never joins the weight-sync group")
 def test_weight_sync_group_engine_never_joins(rank, world_size):
@@ -54,7 +61,7 @@ def test_weight_sync_group_engine_never_joins(rank, world_size):
     dist.barrier()  # the other trainer ranks wait here for rank 0
 
 
-@pytest.mark.nccl(world=2, timeout=30)
+@pytest.mark.nccl(timeout=30)
 def test_weight_sync_within_the_trainer_group(rank, world_size):
     # the same broadcast over a group whose members are all there passes
     weights = torch.full((4,), float(rank))

@@ -39,20 +39,23 @@ def gather_rollout_lengths(rollout: torch.Tensor, world_size: int) -> list[int]:
     return [int(s.item()) for s in sizes]
 
 
-@pytest.mark.nccl(world=2, timeout=3)
+@pytest.mark.nccl(timeout=3)
 @pytest.mark.xfail(raises=pytest_nccl.CollectiveTimeout, strict=True,
-                   reason="verl: rank 1's rollout does not stop; rank 0 waits in the gather")
+                   reason="verl: the last rank's rollout does not stop; the others wait in the gather")
 def test_uneven_rollout_lengths_slow_rank(rank, world_size):
-    # rank 0's prompt stops at EOS after 15 tokens; rank 1's answer never stops, and its
-    # length limit (a long-context config) is far beyond the collective's timeout
-    prompt_id, max_new_tokens = (0, 256) if rank == 0 else (1, 100_000)
+    # every rank's prompt stops at EOS after 15 tokens but the last rank's (rank 1 at world 2),
+    # whose answer never stops, and its length limit (a long-context config) is far beyond the
+    # collective's timeout
+    slow = rank == world_size - 1
+    prompt_id, max_new_tokens = (1, 100_000) if slow else (0, 256)
     rollout = generate_rollout(prompt_id, max_new_tokens)
     gather_rollout_lengths(rollout, world_size)
 
 
-@pytest.mark.nccl(world=2, timeout=30)
+@pytest.mark.nccl(timeout=30)
 def test_rollout_lengths_within_a_shared_limit(rank, world_size):
-    # the same loop with a response length limit that every rank can meet within the bound
+    # the same loop with a response length limit that every rank can meet within the bound:
+    # even ranks stop at EOS after 15 tokens, odd ranks at the limit
     rollout = generate_rollout(prompt_id=rank, max_new_tokens=32)
     lengths = gather_rollout_lengths(rollout, world_size)
-    assert lengths == [15, 32]
+    assert lengths == [15 if r % 2 == 0 else 32 for r in range(world_size)]

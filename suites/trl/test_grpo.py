@@ -6,9 +6,10 @@ tokens, skipping the ``accelerator.gather`` its peers entered.  A rank's mask is
 ``max_completion_length`` without EOS.  Bad: 0.21.0 to 0.23.0 (checked in the
 wheels); good: 0.23.1 and later, which pads across processes instead of returning early.
 
-The data decides which rank's completions end: here rank 0's generation is forced to end in EOS
-(``forced_eos_token_id``) and rank 1's may not produce EOS (``suppress_tokens``), so rank 1's
-mask is empty on every step whatever the random tiny model samples.
+The data decides which rank's completions end: here the last rank may not produce EOS
+(``suppress_tokens``) and every other rank's generation is forced to end in EOS
+(``forced_eos_token_id``), so exactly one rank, the last, has an empty mask on every step whatever
+the random tiny model samples. Any world size (rank 1 at world 2, as in the stack runs).
 """
 
 import pytest
@@ -32,14 +33,15 @@ def _grpo_has_entropy_mask():
     return "top_entropy_quantile" in {f.name for f in dataclasses.fields(config)}
 
 
-@pytest.mark.nccl(world=2)
-def test_grpo_entropy_mask_one_rank_empty(rank, tmp_path):
-    """Regression for trl#4041: rank 1 has no unmasked completion token; rank 0 has some.
-    Fails (CollectiveMismatch: rank 1 skips the entropy all_gather) on trl 0.21.0 .. 0.23.0."""
+@pytest.mark.nccl
+def test_grpo_entropy_mask_one_rank_empty(rank, world_size, tmp_path):
+    """Regression for trl#4041: the last rank has no unmasked completion token; the others have
+    some. Fails (CollectiveMismatch: the last rank skips the entropy all_gather) on trl 0.21.0 .. 0.23.0."""
     if not _grpo_has_entropy_mask():
         pytest.skip("this TRL's GRPO has no top_entropy_quantile (added in 0.21)")
     tok = tiny_tokenizer(padding_side="left")
-    ends = {"forced_eos_token_id": tok.eos_token_id} if rank == 0 else {"suppress_tokens": [tok.eos_token_id]}
+    empty = rank == world_size - 1
+    ends = {"suppress_tokens": [tok.eos_token_id]} if empty else {"forced_eos_token_id": tok.eos_token_id}
     trainer = compat.train(
         "grpo",
         model=tiny_causal_lm("llama", tokenizer=tok),

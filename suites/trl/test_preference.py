@@ -43,7 +43,7 @@ def _train(tmp_path, which, rows):
     assert trainer.state.global_step == STEPS["max_steps"]
 
 
-@pytest.mark.nccl(world=2)
+@pytest.mark.nccl
 @pytest.mark.parametrize("which", list(TRAINERS))
 def test_preference_ragged_lengths(rank, tmp_path, which):
     """Regression for trl#3068: every rank pads chosen/rejected to its own length.
@@ -51,7 +51,7 @@ def test_preference_ragged_lengths(rank, tmp_path, which):
     _train(tmp_path, which, data.preference_rows(rank))
 
 
-@pytest.mark.nccl(world=2)
+@pytest.mark.nccl
 @pytest.mark.parametrize("which", list(TRAINERS))
 def test_preference_equal_lengths(rank, tmp_path, which):
     """Control: the same lengths on every rank; passes on every release."""

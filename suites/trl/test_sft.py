@@ -34,7 +34,7 @@ def _train(tmp_path, rows, **config):
     assert trainer.state.global_step == STEPS["max_steps"]
 
 
-@pytest.mark.nccl(world=2)
+@pytest.mark.nccl
 @pytest.mark.parametrize("fmt", ["text", "messages"])
 def test_sft_unpacked_ragged_lengths(rank, tmp_path, fmt):
     """Regression for trl#2879: packing=False, every rank pads to its own length.
@@ -43,17 +43,19 @@ def test_sft_unpacked_ragged_lengths(rank, tmp_path, fmt):
     _train(tmp_path, rows, packing=False)
 
 
-@pytest.mark.nccl(world=2)
+@pytest.mark.nccl
 def test_sft_packed_ragged_lengths(rank, tmp_path):
     """Control: packing=True makes every batch MAX_LEN long on every rank; passes on 0.15.0 too.
     0.15's packing cuts each rank's token stream into MAX_LEN blocks plus one shorter remainder;
-    these rows give an even block count on each rank (rank 0: 49 tokens = 32 + 17, rank 1:
-    181 = 5 * 32 + 21), so every batch of 2 holds at least one full block and pads to MAX_LEN."""
+    these rows give an even block count on each rank up to world 4 (rank 0: 49 tokens = 32 + 17,
+    rank 1: 181 = 5 * 32 + 21, rank 2: 378 = 11 * 32 + 26, rank 3: 637 = 19 * 32 + 29), so every
+    batch of 2 holds at least one full block and pads to MAX_LEN. (Rank 4's 961 = 30 * 32 + 1 would
+    not: at world 5+ this is a control on releases without the bug only.)"""
     rows = data.text_rows(rank, rows=10, extra=4)
     _train(tmp_path, rows, packing=True)
 
 
-@pytest.mark.nccl(world=2)
+@pytest.mark.nccl
 def test_sft_unpacked_equal_lengths(rank, tmp_path):
     """Control: the same length on every rank; passes on every release, 0.15.0 included."""
     _train(tmp_path, data.text_rows(rank, ragged=False), packing=False)

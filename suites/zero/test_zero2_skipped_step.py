@@ -1,5 +1,5 @@
 """Scenario 3: under ZeRO-2 (and 1) a rank skips the optimizer step, the others wait in the step's
-all-gather.
+all-gather. Any world size: the last rank is the one whose batch is empty.
 
 ZeRO-1/2 keep the parameters whole in forward/backward; each rank updates only its partition in
 ``step()`` and the updated partitions come back with an all-gather (stage_1_and_2.py:
@@ -23,16 +23,23 @@ import torch
 import torch.distributed as dist
 
 import pytest_nccl
+from headlines import names_ranks
 from zero_helpers import clean_state, deepspeed_engine, ds_config, fsdp2_shard, tiny_mlp
 
 STEPS = 2
 
 
-def batch(rank: int, step: int):
-    """Inputs and per-example weights; rank 1's last batch is empty (all weights zero)."""
+def skipping_rank(world_size: int) -> int:
+    """The one rank whose last batch is empty: the last rank (rank 1 at world 2)."""
+    return world_size - 1
+
+
+def batch(rank: int, step: int, world_size: int):
+    """Inputs and per-example weights; the last rank's last batch is empty (all weights zero)."""
     g = torch.Generator().manual_seed(100 * rank + step)
     x, y = torch.randn(4, 16, generator=g), torch.randn(4, 4, generator=g)
-    weight = torch.zeros(4) if (rank == 1 and step == STEPS - 1) else torch.ones(4)
+    empty = rank == skipping_rank(world_size) and step == STEPS - 1
+    weight = torch.zeros(4) if empty else torch.ones(4)
     return x, y, weight
 
 
@@ -43,13 +50,13 @@ def weighted_loss(pred, y, weight):
 
 def train_zero2(fixed: bool, compute_grad_norm: bool) -> int:
     """A few ZeRO-2 steps; returns how many optimizer steps this rank took."""
-    rank = dist.get_rank()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
     model = tiny_mlp()
     stepped = 0
     with clean_state() as stack:
         engine = deepspeed_engine(model, ds_config(2, micro_batch=4, compute_grad_norm=compute_grad_norm), stack)
         for step in range(STEPS):
-            x, y, weight = batch(rank, step)
+            x, y, weight = batch(rank, step, world_size)
             loss = weighted_loss(engine(x), y, weight)
             engine.backward(loss)  # gradient all-reduce: every rank takes part
             n = torch.tensor([weight.sum().item()])
@@ -70,10 +77,13 @@ STEP_COLLECTIVE = [
 
 @pytest.mark.timeout(45)
 @pytest.mark.parametrize("compute_grad_norm, op", STEP_COLLECTIVE)
-def test_skipped_step_hang_is_diagnosed(compute_grad_norm, op, deepspeed_ops, expect_diagnosis):
-    """Rank 1 leaves before step(); rank 0 waits in the step's collective."""
-    expect_diagnosis(train_zero2, False, compute_grad_norm, exc=pytest_nccl.CollectiveMismatch,
-                     op=op, rank=1)
+def test_skipped_step_hang_is_diagnosed(compute_grad_norm, op, deepspeed_ops, expect_diagnosis, nccl_world):
+    """The last rank leaves before step(); every other rank waits in the step's collective
+    ("rank 3 left the test (passed) ...; ranks 0,1,2 wait in ..." at world 4)."""
+    last = skipping_rank(nccl_world.size)
+    err = expect_diagnosis(train_zero2, False, compute_grad_norm, exc=pytest_nccl.CollectiveMismatch,
+                           op=op, rank=last)
+    assert names_ranks(err.diagnosis.headline, set(range(last))), err.diagnosis.headline  # the waiters
 
 
 @pytest.mark.nccl(timeout=60)
@@ -83,13 +93,13 @@ def test_skipped_step_fixed(compute_grad_norm, deepspeed_ops):
 
 
 @pytest.mark.nccl(timeout=60)
-def test_fsdp2_skipped_step_does_not_hang(rank):
-    """FSDP2 (reshard_after_forward=False, the ZeRO-2 analogue): skipping opt.step() on rank 1 issues
-    no collective and leaves rank 1's shard as it was, while rank 0's moves."""
+def test_fsdp2_skipped_step_does_not_hang(rank, world_size):
+    """FSDP2 (reshard_after_forward=False, the ZeRO-2 analogue): skipping opt.step() on the last rank
+    issues no collective and leaves that rank's shard as it was, while every other rank's moves."""
     model = fsdp2_shard(tiny_mlp(), [], reshard_after_forward=False)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for step in range(STEPS):
-        x, y, weight = batch(rank, step)
+        x, y, weight = batch(rank, step, world_size)
         weighted_loss(model(x), y, weight).backward()
         before = [p.to_local().detach().clone() for p in model.parameters()]
         if weight.sum() == 0:
@@ -98,4 +108,4 @@ def test_fsdp2_skipped_step_does_not_hang(rank):
         opt.step()
         opt.zero_grad()
     moved = any(not torch.equal(b, p.to_local()) for b, p in zip(before, model.parameters()))
-    assert moved == (rank == 0)
+    assert moved == (rank != skipping_rank(world_size))

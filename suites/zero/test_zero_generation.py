@@ -3,10 +3,12 @@ transformers#18281).
 
 Under ZeRO-3 (FSDP2 with reshard_after_forward=True) every decoding step is a forward that gathers
 the partitioned parameters again. transformers' real ``generate(synced_gpus=False)`` stops each rank
-on its own condition, here ``max_length`` with prompts of different lengths: rank 1 (long prompt)
-finishes after 4 new tokens and leaves, rank 0 runs a 5th forward and waits in its all-gather
-forever (NCCL: the watchdog timeout). ``synced_gpus=True`` keeps finished ranks running dummy
-forwards until every rank is done (an all-reduced "finished" flag per step) and passes.
+on its own condition, here ``max_length`` with prompts of different lengths: the last rank (long
+prompt) finishes after 4 new tokens and leaves, every other rank (short prompt) runs a 5th forward
+and waits in its all-gather forever (NCCL: the watchdog timeout). Any world size: exactly one rank,
+the last, has the long prompt, so the headline names it alone. ``synced_gpus=True`` keeps finished
+ranks running dummy forwards until every rank is done (an all-reduced "finished" flag per step) and
+passes.
 
 Contrast (the ZeRO-2 analogue): DeepSpeed ZeRO-2 and FSDP2 with reshard_after_forward=False keep
 full parameters in forward (FSDP2: after the first forward), so the same unsynced generate passes.
@@ -22,7 +24,12 @@ import pytest_nccl
 from zero_helpers import all_gather_op, clean_state, deepspeed_engine, ds_config, fsdp2_shard, tiny_lm
 
 MAX_LENGTH = 10
-PROMPTS = ("ab", "abcdef")  # rank 0: 8 decoding steps, rank 1: 4
+SHORT, LONG = "ab", "abcdef"  # 8 decoding steps, 4
+
+
+def prompt(rank: int, world_size: int) -> str:
+    """The last rank gets the long prompt (it stops first), every other rank the short one."""
+    return LONG if rank == world_size - 1 else SHORT
 
 
 def generate(engine_kind: str, synced_gpus: bool) -> list[int]:
@@ -30,7 +37,7 @@ def generate(engine_kind: str, synced_gpus: bool) -> list[int]:
     tokens against the same model unsharded (gathering must not change the result)."""
     rank = dist.get_rank()
     model, tok = tiny_lm()
-    ids = tok(PROMPTS[rank % len(PROMPTS)], return_tensors="pt").input_ids
+    ids = tok(prompt(rank, dist.get_world_size()), return_tensors="pt").input_ids
     kwargs = dict(attention_mask=torch.ones_like(ids), max_length=MAX_LENGTH, do_sample=False)
     with torch.no_grad():
         expected = model.generate(ids, **kwargs)[0].tolist()  # local, before sharding: no collectives
@@ -58,10 +65,11 @@ ZERO2_LIKE = ("deepspeed-zero2", "fsdp2-no-reshard")
 
 @pytest.mark.timeout(45)
 @pytest.mark.parametrize("engine_kind", ZERO3_LIKE)
-def test_unsynced_generate_hang_is_diagnosed(engine_kind, engine_ready, expect_diagnosis):
-    """Rank 1 stops first and leaves; rank 0 waits in the next step's parameter all-gather."""
+def test_unsynced_generate_hang_is_diagnosed(engine_kind, engine_ready, expect_diagnosis, nccl_world):
+    """The last rank stops first and leaves; the others wait in the next step's parameter all-gather
+    ("rank 3 left the test (passed) ...; ranks 0,1,2 wait in ..." at world 4)."""
     expect_diagnosis(generate, engine_kind, False, exc=pytest_nccl.CollectiveMismatch,
-                     op=all_gather_op(engine_kind), rank=1)
+                     op=all_gather_op(engine_kind), rank=nccl_world.size - 1)
 
 
 @pytest.mark.nccl(timeout=60)
