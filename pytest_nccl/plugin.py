@@ -87,14 +87,26 @@ def pytest_collection_modifyitems(session, config, items) -> None:
                 nccl.test_modules[mod.__name__] = mod.__file__
 
 
+def _runs_tests(config) -> bool:
+    """False for --collect-only and for xdist's controller (its workers run the tests)."""
+    if config.option.collectonly:
+        return False
+    return getattr(config.option, "dist", "no") in ("no", None) or _is_worker(config)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session) -> None:
+    nccl = session.config.stash.get(SESSION_KEY, None)
+    if nccl is not None and _runs_tests(session.config):
+        nccl.mode.session_started(session)
+    _junit_and_gate_start(session)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_finish(session) -> None:
     nccl = session.config.stash.get(SESSION_KEY, None)
-    if nccl is None or session.config.option.collectonly:
-        return
-    if getattr(session.config.option, "dist", "no") not in ("no", None) and not _is_worker(session.config):
-        return  # the xdist controller runs no test; its workers start their own
-    nccl.mode.collection_finished(session)
+    if nccl is not None and _runs_tests(session.config):
+        nccl.mode.collection_finished(session)
 
 
 # -- fixtures -------------------------------------------------------------------------------------
@@ -177,7 +189,7 @@ def _world_backend(nccl: NcclSession) -> tuple[int, str]:
         return world, nccl.settings.backend
 
 
-def pytest_sessionstart(session) -> None:
+def _junit_and_gate_start(session) -> None:
     config = session.config
     nccl = config.stash.get(SESSION_KEY, None)
     if nccl is None or _is_worker(config):

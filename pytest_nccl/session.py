@@ -27,8 +27,11 @@ class Mode(Protocol):
     def header(self) -> str:
         """The report header line."""
 
+    def session_started(self, session: pytest.Session) -> None:
+        """Before collection: start what takes long (the fork server imports torch meanwhile)."""
+
     def collection_finished(self, session: pytest.Session) -> None:
-        """Collection is over: start what the first test needs."""
+        """Collection is over: hand over what the first test needs."""
 
     def fixture_value(self, name: str, request) -> object:
         """The value of a rank-side fixture (``rank``, ``world_size``, ``device``, ``backend``)."""

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import gc
 import pickle
 import shutil
 import sys
@@ -52,11 +53,21 @@ class ForkedMode:
         return (f"nccl: world {s.world}, {placement.describe()}, timeout {s.timeout:g} s, "
                 f"trace {'on' if s.trace else 'off'}")
 
+    def session_started(self, session: pytest.Session) -> None:
+        """Start the fork server now, without waiting: it imports torch (and ``nccl_preload``) while
+        pytest imports torch itself and collects."""
+        self.get_pool().ensure_zygote(wait=False)
+
     def collection_finished(self, session: pytest.Session) -> None:
-        """Start the fork server now, without waiting: it imports torch and the test modules while
-        pytest reports collection and runs the first tests' set-up."""
-        if self.session.test_modules:
-            self.get_pool().ensure_zygote(wait=False)
+        """Hand the fork server the test modules that hold distributed tests; without any, stop it."""
+        if not self.session.test_modules:
+            self.close()
+            return
+        self.get_pool().add_modules(sorted(self.session.test_modules.items()))
+        # torch's ~175,000 objects, loaded by now, would be walked by every full collection that
+        # follows (pytest runs two at the end, the interpreter one at exit: about 0.5 s of a short
+        # session, measured): they live as long as the session anyway
+        gc.freeze()
 
     def fixture_value(self, name: str, request) -> object:
         return RankValue(name)
@@ -95,9 +106,10 @@ class ForkedMode:
     def get_pool(self) -> GroupPool:
         if self.pool is None:
             s = self.session
-            preload = [(m, "") for m in s.settings.preload] + sorted(s.test_modules.items())
-            leaser = GpuLeaser(s.devices()) if s.devices() > 0 else None
-            self.pool = GroupPool(None, preload, s.settings.trace, gpu_leaser=leaser,
+            preload = [(m, "") for m in s.settings.preload]
+            # GPUs are counted (torch imported) only when a group needs them: the fork server
+            # starts first, so that its own import of torch runs beside the controller's
+            self.pool = GroupPool(None, preload, s.settings.trace, gpu_leaser=lambda: GpuLeaser(s.devices()),
                                   rank_start=s.settings.rank_start)
         return self.pool
 
@@ -107,6 +119,7 @@ class ForkedMode:
         failure, ``pytest.skip`` / ``pytest.xfail`` when every rank did."""
         __tracebackhide__ = True
         pool = self.get_pool()
+        pool.add_modules(sorted(self.session.test_modules.items()))
         if self.session.test_modules and call.path:
             pool.ensure_zygote().import_modules([(call.module, call.path)])
         group = pool.get(world, placement, budget.timeout, budget.setup_deadline())

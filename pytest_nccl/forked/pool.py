@@ -23,8 +23,9 @@ class GroupPool:
         self.preload = list(preload)
         self.trace = trace
         self.zygote: Zygote | None = None
+        self.zygote_env: dict = {}
         self.group: RankGroup | None = None
-        self.gpu_leaser = gpu_leaser
+        self.gpu_leaser = gpu_leaser  # a GpuLeaser, or a function that makes one when first needed
         self.lease = None
         self.calls = 0
         self.rank_start = rank_start
@@ -32,9 +33,9 @@ class GroupPool:
 
     def ensure_zygote(self, wait: bool = True) -> Zygote:
         """The fork server, started if needed. ``wait=False`` only starts it: the plugin does so
-        right after collection, so torch is imported while pytest gets to the first test."""
+        when the session starts, so torch is imported while pytest collects."""
         if self.zygote is None or self.zygote.proc.poll() is not None:
-            env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+            env = self.zygote_env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                    "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "false"),
                    # every socket a rank opens stays on the loopback interface
                    "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
@@ -50,6 +51,15 @@ class GroupPool:
             self.zygote = Zygote(self.workdir, self.preload, env, self.trace, self.rank_start)
         return self.zygote.ready() if wait else self.zygote
 
+    def add_modules(self, modules: list) -> None:
+        """Test modules found by collection: the running fork server imports them now, without
+        waiting (with the controller's environment as collection left it); a restarted one preloads
+        them."""
+        new = [m for m in modules if m not in self.preload]
+        self.preload += new
+        if new and self.zygote is not None and self.zygote.proc.poll() is None:
+            self.zygote.import_modules(new, wait=False, environ={**os.environ, **self.zygote_env})
+
     def get(self, world: int, placement, timeout: float, deadline: float) -> RankGroup:
         """A healthy group of this shape: the warm one after a health check, else a fresh one.
         ``placement`` (settings.Placement): the backend, and whether each rank gets a GPU of its
@@ -63,13 +73,15 @@ class GroupPool:
             self.release()
         gpu_ids = None
         rank_env = {}
-        if placement.gpus and self.gpu_leaser is not None:
+        if placement.gpus:
+            if callable(self.gpu_leaser):
+                self.gpu_leaser = self.gpu_leaser()  # made when a group first needs GPUs
             try:
                 self.lease = self.gpu_leaser.acquire(world, deadline)
             except TimeoutError as exc:
                 raise RankSetupError(str(exc)) from None
             gpu_ids = self.lease.ids
-        elif not placement.gpus:
+        else:
             rank_env["CUDA_VISIBLE_DEVICES"] = ""  # gloo without a GPU per rank: the CPU path
         self.group = RankGroup(zygote, world, placement.backend, timeout, self.workdir, gpu_ids, rank_env)
         self.group.key = key

@@ -53,6 +53,7 @@ class Zygote:
                         "preload": list(preload), "rank_start": rank_start})
         self.info = None  # set by ready(): the fork server imports torch meanwhile
         self.cuda_initialized_by: str | None = None  # the module that made forked ranks unusable
+        self.pending_imports = 0                      # import requests not answered yet
         self.start_mode = "fork"
 
     def ready(self) -> "Zygote":
@@ -100,17 +101,30 @@ class Zygote:
         except (EOFError, OSError):
             pass
 
-    def import_modules(self, modules: list) -> list[str]:
+    def import_modules(self, modules: list, wait: bool = True, environ: dict | None = None) -> list[str]:
+        """Have the fork server import these modules (with ``environ`` as its environment first,
+        when given: what conftest files set during collection). ``wait=False`` returns at once; the
+        answer is taken before the next fork or import."""
         todo = [(n, p) for n, p in modules if n not in self.imported]
         if not todo:
             return []
-        self.conn.send(("import", todo, list(sys.path)))
+        self.conn.send(("import", todo, list(sys.path), environ))
         self.imported.update(n for n, _ in todo)
-        info = self._reply("imported", ZYGOTE_START_TIMEOUT)[1]
-        self._note(info)
-        return info["failures"]
+        self.pending_imports += 1
+        return self.settle_imports() if wait else []
+
+    def settle_imports(self) -> list[str]:
+        """Wait for the answers to imports asked without waiting; their failures."""
+        failures = []
+        while self.pending_imports:
+            info = self._reply("imported", ZYGOTE_START_TIMEOUT)[1]
+            self.pending_imports -= 1
+            self._note(info)
+            failures += info["failures"]
+        return failures
 
     def fork(self, spec: dict) -> int:
+        self.settle_imports()
         self.conn.send(("fork", spec))
         return self._reply("forked", 30)[1]
 

@@ -194,8 +194,11 @@ class SpmdSession:
             pass
 
     # -- Mode (session.Mode) ----------------------------------------------------------------------------
-    def collection_finished(self, session) -> None:
+    def session_started(self, session) -> None:
         pass  # this process is the rank: nothing to start ahead
+
+    def collection_finished(self, session) -> None:
+        pass
 
     def controller_world(self, request):
         pytest.skip("nccl_world drives a group the plugin starts; under a launcher (SPMD mode) there is none: "
