@@ -9,8 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from .records import (P2P_OPS, RANK_DEAD, RANK_FAILED, RANK_NOT_STARTED, RANK_PASSED, RANK_RUNNING,
-                      RANK_SKIPPED, RANK_XFAILED, CollectiveRecord, RankView)
+from .records import P2P_OPS, CollectiveRecord, RankView, RankState
 
 # kinds, and the exception class each maps to (names from errors.py)
 SHAPE_MISMATCH, DTYPE_MISMATCH, OP_MISMATCH = "shape-mismatch", "dtype-mismatch", "op-mismatch"
@@ -206,7 +205,7 @@ def _user_frames(stack: str) -> list[tuple[str, str, str, str]]:
             if not (harness in f[0] and os.sep + "testing" + os.sep not in f[0])]
 
 
-def _stack_top(stack: str) -> str:
+def stack_top(stack: str) -> str:
     """The innermost frame of the main thread outside pytest_nccl: 'file (line n, in f)'."""
     frames = _user_frames(stack)
     if not frames:
@@ -234,21 +233,21 @@ def _state_of(view: RankView, pg: str) -> str:
     """Why this rank is not in the collective the others wait in."""
     count = len(view.records_in(pg))
     after = f"after {count} collective{'s' if count != 1 else ''} in group {pg}"
-    if view.status == RANK_DEAD:
+    if view.status == RankState.DEAD:
         return f"{view.exit_description} {after}"
-    if view.status == RANK_FAILED:
+    if view.status == RankState.FAILED:
         return f"raised {brief(view.message or view.exc_type)} {after}"
-    if view.status in (RANK_PASSED, RANK_SKIPPED, RANK_XFAILED):
+    if view.status in (RankState.PASSED, RankState.SKIPPED, RankState.XFAILED):
         return f"left the test ({view.status}) {after}"
     cur = view.current
     if cur is not None and cur.pg != pg:
         return f"waits in {_where(cur)} instead, {after}"
-    if view.status == RANK_NOT_STARTED:
+    if view.status == RankState.NOT_STARTED:
         return f"never started this test, {after}"
     rendezvous = _rendezvous_at(view.stack)
     if rendezvous:
         return f"waits in a rendezvous at {rendezvous} that a member of the new group never joined, {after}"
-    top = _stack_top(view.stack)
+    top = stack_top(view.stack)
     return f"is busy outside any collective{' at ' + top if top else ''}, {after}"
 
 
@@ -256,9 +255,9 @@ def diagnose(ranks: list[RankView], reason: str, bound: float) -> Diagnosis | No
     """``reason``: "completed" (every rank finished), "decided" (a rank failed or left while others
     waited), "timeout" (the bound was hit). Returns None for a clean pass."""
     div = first_divergence(ranks)
-    failed = [v for v in ranks if v.status == RANK_FAILED]
-    dead = [v for v in ranks if v.status == RANK_DEAD]
-    running = [v for v in ranks if v.status == RANK_RUNNING]
+    failed = [v for v in ranks if v.status == RankState.FAILED]
+    dead = [v for v in ranks if v.status == RankState.DEAD]
+    running = [v for v in ranks if v.status == RankState.RUNNING]
 
     if div is not None and div.kind != RANK_LEFT:
         return _mismatch(div, ranks)
@@ -290,13 +289,13 @@ def diagnose(ranks: list[RankView], reason: str, bound: float) -> Diagnosis | No
         busy = [v for v in running if v.current is None]
         if busy and inside:
             return _slow(busy, inside, bound)
-        where = "; ".join(f"rank {v.rank} at {_stack_top(v.stack) or 'unknown'}" for v in running[:4])
+        where = "; ".join(f"rank {v.rank} at {stack_top(v.stack) or 'unknown'}" for v in running[:4])
         return Diagnosis(TIMEOUT, f"the test exceeded its {bound:g} s bound outside any collective "
                          f"({where})", [v.rank for v in running])
     statuses = {v.status for v in ranks}
-    if RANK_SKIPPED in statuses and len(statuses) > 1:
-        skipped = [v.rank for v in ranks if v.status == RANK_SKIPPED]
-        others = [v.rank for v in ranks if v.status != RANK_SKIPPED]
+    if RankState.SKIPPED in statuses and len(statuses) > 1:
+        skipped = [v.rank for v in ranks if v.status == RankState.SKIPPED]
+        others = [v.rank for v in ranks if v.status != RankState.SKIPPED]
         return Diagnosis(SKIP_MISMATCH, f"pytest.skip was called on {_rank_list(skipped)} only "
                          f"({ranks[skipped[0]].message}); {_rank_list(others)} did not skip: "
                          "skip on every rank or on none", skipped)
@@ -311,7 +310,7 @@ def _others(group: list[RankView], first: RankView) -> str:
 
 
 def _waiting_summary(ranks: list[RankView]) -> str:
-    waiting = [v for v in ranks if v.status == RANK_RUNNING and v.current is not None]
+    waiting = [v for v in ranks if v.status == RankState.RUNNING and v.current is not None]
     if not waiting:
         return ""
     rec = waiting[0].current
@@ -345,9 +344,9 @@ def _mismatch(div: Divergence, ranks: list[RankView]) -> Diagnosis:
     consequences = []
     for r, rec in sorted(recs.items()):
         view = ranks[r]
-        if view.status == RANK_DEAD:
+        if view.status == RankState.DEAD:
             consequences.append(f"rank {r} {view.exit_description} inside it")
-        elif view.status == RANK_FAILED:
+        elif view.status == RankState.FAILED:
             consequences.append(f"rank {r} raised {brief(view.message)}")
     if div.absent:
         consequences.append(f"{_rank_list(div.absent)} never entered it")
@@ -373,17 +372,17 @@ def _absent(div: Divergence, ranks: list[RankView], reason: str, bound: float) -
     same = [v.rank for v in absent if _state_of(v, div.pg) == state]  # ranks 1,2 both left alike
     waiting = sorted(waiting_recs)
     verb = "wait" if len(waiting) > 1 else "waits"
-    if reason == "timeout" and first.status == RANK_RUNNING:
+    if reason == "timeout" and first.status == RankState.RUNNING:
         verb = "waited" + f" for the whole {bound:g} s bound"
     headline = f"{_rank_list(same)} {state}; {_rank_list(waiting)} {verb} in {_where(rec)}"
     others = [v for v in absent if v.rank not in same]
     if others:
         headline += "; also " + "; ".join(f"rank {v.rank} {_state_of(v, div.pg)}" for v in others[:2])
-    if first.status == RANK_DEAD:
+    if first.status == RankState.DEAD:
         kind = DIED
-    elif first.status == RANK_FAILED:
+    elif first.status == RankState.FAILED:
         kind = RAISED
-    elif first.status == RANK_RUNNING:
+    elif first.status == RankState.RUNNING:
         cur = first.current
         kind = GROUP_MISMATCH if cur is not None else SLOW_RANK
         if kind == SLOW_RANK and _rendezvous_at(first.stack):
@@ -397,7 +396,7 @@ def _absent(div: Divergence, ranks: list[RankView], reason: str, bound: float) -
 
 def _slow(busy: list[RankView], inside: list[RankView], bound: float) -> Diagnosis:
     rec = inside[0].current
-    tops = "; ".join(f"rank {v.rank} at {_stack_top(v.stack) or 'unknown'}" for v in busy[:3])
+    tops = "; ".join(f"rank {v.rank} at {stack_top(v.stack) or 'unknown'}" for v in busy[:3])
     return Diagnosis(SLOW_RANK, f"slow rank: {_rank_list([v.rank for v in busy])} busy outside any "
                      f"collective ({tops}); {_rank_list([v.rank for v in inside])} waited for the whole "
                      f"{bound:g} s bound in {_where(rec)}", [v.rank for v in busy], rec.pg, rec.seq)

@@ -35,7 +35,15 @@ class CollectiveMismatch(DistributedTestFailure):
 
 
 class NcclUsageError(Exception):
-    """Bad input from the user (options, marker arguments, fixtures, functions): one clear line."""
+    """Bad input from the user (options, marker arguments, fixtures, functions): one clear line.
+
+    ``infrastructure``: the test could not be run at all for a reason that is not its fault, as when
+    no rank can load the test function because a library does not import (``git bisect`` must skip
+    such a commit, not blame it: ``--nccl-exitcode-infra``)."""
+
+    def __init__(self, message: str, infrastructure: bool = False):
+        super().__init__(message)
+        self.infrastructure = infrastructure
 
 
 class RankSetupError(DistributedTestFailure):

@@ -180,7 +180,7 @@ def result_from_report(report: Any) -> TestResult | None:
 
 
 def _crash(report: Any) -> str | None:
-    from .bisect.exitcodes import crash_line
+    from .exitcodes import crash_line
 
     line = crash_line(getattr(report, "longrepr", None))
     return line or None
@@ -277,3 +277,18 @@ def junit_properties(env: Mapping[str, str], backend: str, world_size: int) -> l
     props = [(str(k), str(v)) for k, v in env.items()]
     props += [("nccl_backend", str(backend)), ("nccl_world", str(world_size))]
     return props
+
+
+class ReportRecorder:
+    """Keeps the reports that decide outcomes, for the gate report and the exit-code mapping.
+    Registered as a plugin object of its own (hooks without a config argument need one)."""
+
+    def __init__(self):
+        self.reports: list = []
+
+    def pytest_runtest_logreport(self, report) -> None:
+        self.reports.append(report)
+
+    def pytest_collectreport(self, report) -> None:
+        if report.failed:
+            self.reports.append(report)

@@ -1,17 +1,15 @@
 """The few messages between the controller and a rank: plain picklable data, nothing else.
 
-controller -> rank:  ("call", Call) | ("dump",) | ("exit",)
+controller -> rank:  ("call", Call) | ("dump",)
 rank -> controller:  ("hello", rank, pid) | ("joined", rank) | ("setup-error", rank, text)
-                     | ("ready", rank) | ("outcome", Outcome)
-                     | ("dump", rank, stacks, fr_json, fr_pickle)
+                     | ("outcome", Outcome) | ("dump", rank, stacks, fr_json, fr_pickle)
 
 Standard library only: every rank imports it.
 """
 
 from __future__ import annotations
 
-import os
-import sys
+import enum
 from dataclasses import dataclass, field
 
 # What a call runs on the ranks.
@@ -34,15 +32,23 @@ class Call:
     rank_args: list = field(default_factory=list)  # fixtures whose values only a rank has
 
 
-# Outcome statuses of a rank for one call.
-PASSED, FAILED, SKIPPED, XFAILED, ERROR = "passed", "failed", "skipped", "xfailed", "error"
+class Status(str, enum.Enum):
+    """How one call ended on one rank."""
+    PASSED = "passed"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    XFAILED = "xfailed"
+    ERROR = "error"      # the call could not run (the function cannot be loaded, the result pickled)
+
+    __str__ = str.__str__
+    __format__ = str.__format__
 
 
 @dataclass
 class Outcome:
     call_id: int
     rank: int
-    status: str                     # PASSED | FAILED | SKIPPED | XFAILED | ERROR (could not run)
+    status: Status
     value: bytes = b""              # pickled return value (KIND_FUNCTION)
     exc_type: str = ""
     exc_text: str = ""              # formatted traceback
@@ -51,33 +57,5 @@ class Outcome:
     initialized: bool = True        # torch.distributed still initialized after the call
     dangling: int = 0               # async collectives still in flight when the call returned
     duration: float = 0.0
-
-
-# How a test body that raised ends, the same in a forked rank (rank.py) and in SPMD mode (spmd.py).
-
-def _classify(exc: BaseException) -> str:
-    # pytest's outcome exceptions, recognized by name so that a rank never needs pytest imported
-    name = type(exc).__name__
-    if name == "Skipped":
-        return SKIPPED
-    if name == "XFailed":
-        return XFAILED
-    return FAILED
-
-
-def exit_like_os_exit(exc: SystemExit):
-    """sys.exit() in a test body ends the rank as os._exit would: it is reported as an exit."""
-    code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def describe_exception(exc: BaseException, format_exception) -> tuple[str, str, str, str]:
-    """(status, exception type, traceback text, one-line message) of a test body that raised."""
-    status, exc_type = _classify(exc), type(exc).__name__
-    exc_text = format_exception(exc) if status == FAILED else ""
-    message = (str(getattr(exc, "msg", "")) or str(exc)).strip().split("\n")[0][:300]
-    if status == FAILED:
-        message = f"{exc_type}: {message}" if message else exc_type
-    return status, exc_type, exc_text, message
+    unloadable: bool = False        # ERROR because the function could not be loaded (its module or a
+                                    # library it imports fails): infrastructure for git bisect

@@ -22,12 +22,12 @@ import socket
 import sys
 import threading
 import time
-import traceback
 import types
 from multiprocessing.connection import Connection
 
 from . import protocol, tracer
-from .protocol import Call, Outcome, describe_exception, exit_like_os_exit
+from .protocol import Call, Outcome
+from .stacks import describe_exception, exit_like_os_exit, format_exception, format_stacks
 
 _send_lock = threading.Lock()
 
@@ -37,19 +37,6 @@ def _send(conn: Connection, msg) -> None:
         conn.send(msg)
 
 
-def format_all_stacks() -> str:
-    """Python stacks of every thread but the reader, innermost frame last (like a traceback)."""
-    names = {t.ident: t.name for t in threading.enumerate()}
-    me = threading.get_ident()
-    parts = []
-    for ident, frame in sys._current_frames().items():
-        if ident == me:
-            continue
-        frames = [f for f in traceback.extract_stack(frame) if f.filename != tracer.__file__]
-        parts.append(f"Thread {names.get(ident, ident)}:\n" + "".join(traceback.format_list(frames)))
-    return "\n".join(parts)
-
-
 def _reader(conn: Connection, calls: queue.Queue, rank: int) -> None:
     while True:
         try:
@@ -57,10 +44,8 @@ def _reader(conn: Connection, calls: queue.Queue, rank: int) -> None:
         except (EOFError, OSError):
             os._exit(70)  # the controller is gone: a rank must never outlive it
         if msg[0] == "dump":
-            _send(conn, ("dump", rank, format_all_stacks(), tracer.flight_recorder_json(),
+            _send(conn, ("dump", rank, format_stacks(), tracer.flight_recorder_json(),
                          tracer.flight_recorder_pickle()))
-        elif msg[0] == "exit":
-            os._exit(0)
         else:
             calls.put(msg)
 
@@ -110,15 +95,9 @@ def resolve(call: Call):
     return obj
 
 
-_HARNESS_FILES = (__file__, tracer.__file__)
-
-
 def _format_exception(exc: BaseException) -> str:
-    """The traceback without our frames (run_call, the tracer's wrappers): the user's and torch's."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename not in _HARNESS_FILES]
-    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames),
-             *traceback.format_exception_only(type(exc), exc)]
-    return "".join(lines)
+    """The user's and torch's frames: not run_call's, nor the tracer's wrappers."""
+    return format_exception(exc, drop=(__file__,))
 
 
 def _rank_fixtures(names, rank: int) -> dict:
@@ -142,13 +121,13 @@ def run_call(call: Call, rank: int) -> Outcome:
         args, kwargs = pickle.loads(call.payload) if call.payload else ((), {})
         kwargs.update(_rank_fixtures(call.rank_args, rank))
     except BaseException as exc:
-        return Outcome(call.call_id, rank, protocol.ERROR, exc_type=type(exc).__name__,
+        return Outcome(call.call_id, rank, protocol.Status.ERROR, exc_type=type(exc).__name__,
                        exc_text=_format_exception(exc),
                        message=f"cannot load {call.module}.{call.qualname} in rank {rank}: "
-                               f"{type(exc).__name__}: {exc}")
+                               f"{type(exc).__name__}: {exc}", unloadable=True)
     if call.trace:
         tracer.start(os.path.join(call.journal_dir, f"journal-{rank}.txt"))
-    status, value, exc_type, exc_text, message = protocol.PASSED, None, "", "", ""
+    status, value, exc_type, exc_text, message = protocol.Status.PASSED, None, "", "", ""
     try:
         value = fn(*args, **kwargs)
     except SystemExit as exc:
@@ -158,11 +137,11 @@ def run_call(call: Call, rank: int) -> Outcome:
     finally:
         digest, dangling = tracer.stop() if call.trace else ({}, 0)
     payload = b""
-    if call.kind == protocol.KIND_FUNCTION and status == protocol.PASSED:
+    if call.kind == protocol.KIND_FUNCTION and status == protocol.Status.PASSED:
         try:
             payload = pickle.dumps(value)
         except Exception as exc:
-            status, exc_type = protocol.ERROR, type(exc).__name__
+            status, exc_type = protocol.Status.ERROR, type(exc).__name__
             message = (f"rank {rank} returned a value that cannot be pickled "
                        f"({type(value).__name__}): {type(exc).__name__}: {exc}")
     return Outcome(call.call_id, rank, status, value=payload, exc_type=exc_type, exc_text=exc_text,

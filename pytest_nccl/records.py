@@ -6,6 +6,7 @@ so it can be tested on hand-written data.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 # Ops whose tensors must agree across ranks at the same sequence number (what NCCL and gloo need
@@ -52,16 +53,31 @@ class CollectiveRecord:
         return self.state != COMPLETED
 
 
-# Where a rank is when the call ends or is cut off.
-RANK_PASSED, RANK_FAILED, RANK_SKIPPED, RANK_XFAILED = "passed", "failed", "skipped", "xfailed"
-RANK_RUNNING, RANK_DEAD, RANK_NOT_STARTED = "running", "dead", "not-started"
+class RankState(str, enum.Enum):
+    """Where a rank is when the call ends or is cut off (the same in every mode)."""
+    PASSED = "passed"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    XFAILED = "xfailed"
+    RUNNING = "running"          # still in the test: stuck, or busy
+    DEAD = "dead"                # its process ended inside the test
+    NOT_STARTED = "not-started"  # never reached the test (SPMD: still in an earlier one)
+
+    __str__ = str.__str__        # prints as its value in reports and headlines
+    __format__ = str.__format__
+
+    @classmethod
+    def of_outcome(cls, status: str) -> "RankState":
+        """The state of a rank that sent an outcome (protocol.Status): one that could not run the
+        call ("error") failed."""
+        return cls.FAILED if status == "error" else cls(status)
 
 
 @dataclass
 class RankView:
     """Everything the controller knows about one rank after a call."""
     rank: int
-    status: str = RANK_RUNNING
+    status: RankState = RankState.RUNNING
     records: list[CollectiveRecord] = field(default_factory=list)
     exit_code: int | None = None       # for dead ranks: the exit status
     signal_name: str | None = None     # for dead ranks killed by a signal, e.g. "SIGABRT"
@@ -96,3 +112,38 @@ class RankView:
         if self.exit_code is not None:
             return f"exited with code {self.exit_code}"
         return self.status
+
+
+@dataclass
+class CallResult:
+    """What a transport learned from one call on every rank (forked group or SPMD session)."""
+    ranks: list[RankView]
+    reason: str                # referee.Reason: completed | decided | timeout
+    outcomes: dict = field(default_factory=dict)  # rank -> protocol.Outcome
+    elapsed: float = 0.0
+    bound: float = 0.0
+    fr_json: dict = field(default_factory=dict)   # rank -> Flight Recorder JSON text
+    fr_pickle: dict = field(default_factory=dict)  # rank -> Flight Recorder dump (fr_trace's format)
+    digests_agree: bool = True  # every group's members issued the same collectives
+
+    @property
+    def all_passed(self) -> bool:
+        return all(v.status == RankState.PASSED for v in self.ranks)
+
+
+@dataclass
+class Verdict:
+    """Rank 0's decision on one test in SPMD mode, the same on every rank (it travels pickled
+    through the launcher's store)."""
+    status: RankState                 # PASSED, SKIPPED, XFAILED or FAILED
+    message: str = ""                 # skip / xfail reason
+    kind: str = ""                    # diagnosis kind of a failure
+    headline: str = ""
+    exception: str = ""               # the public exception's class name
+    stuck: list = field(default_factory=list)   # ranks no abort released
+    stop: str | None = None           # why the session stops after this test
+    recreate: bool = False            # create the process group again before the next test
+
+    @property
+    def failed(self) -> bool:
+        return self.status == RankState.FAILED

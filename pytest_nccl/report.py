@@ -3,6 +3,7 @@
 - ``format_report``: headline, the per-rank collective table (matching prefix folded, the
   diverging row marked), where each rank is now, tracebacks (identical ones once), stacks.
 - ``trace_json``: the machine-readable trace written by ``--nccl-trace-dir``.
+- ``NcclLongRepr``: the failure report pytest shows, headline first.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 import os
 
 from .diagnose import Diagnosis, short_path, short_site
-from .records import RANK_DEAD, RANK_FAILED, RANK_RUNNING, CollectiveRecord, RankView
+from .records import CollectiveRecord, RankView, RankState
 
 TABLE_WIDTH = 120
 CONTEXT_ROWS = 2  # matching rows shown above the divergence
@@ -102,9 +103,9 @@ def format_positions(ranks: list[RankView]) -> str:
     lines = []
     for v in ranks:
         n = len(v.records)
-        if v.status == RANK_DEAD:
+        if v.status == RankState.DEAD:
             where = v.exit_description
-        elif v.status == RANK_RUNNING:
+        elif v.status == RankState.RUNNING:
             cur = v.current
             if cur is None:
                 where = "running, outside any collective"
@@ -134,13 +135,13 @@ def format_report(ranks: list[RankView], diagnosis: Diagnosis | None, elapsed: f
     # identical tracebacks once, naming the ranks
     tracebacks: dict[str, list[int]] = {}
     for v in ranks:
-        if v.status == RANK_FAILED and v.exc_text:
+        if v.status == RankState.FAILED and v.exc_text:
             tracebacks.setdefault(v.exc_text, []).append(v.rank)
     for text, rs in tracebacks.items():
         parts.append(f"\n-- traceback of rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))} --")
         parts.append(text.rstrip())
     for v in ranks:
-        if v.stack and v.status in (RANK_RUNNING, RANK_DEAD):
+        if v.stack and v.status in (RankState.RUNNING, RankState.DEAD):
             parts.append(f"\n-- Python stack of rank {v.rank} (all threads) --")
             parts.append(_trim_stack(v.stack))
     return "\n".join(parts)
@@ -227,3 +228,30 @@ def write_trace_dir(directory: str, nodeid: str, text: str, fr_pickles: dict) ->
                 f.write(data)
             written.append(path)
     return written
+
+
+class NcclLongRepr:
+    """A failure report whose first line is the diagnosis headline (shown by -r summaries and as
+    the JUnit failure message) and whose body is the collective trace."""
+
+    def __init__(self, headline: str, body: str, path: str, lineno: int):
+        from _pytest._code.code import ReprFileLocation
+        self.headline = headline
+        self.body = body
+        self.reprcrash = ReprFileLocation(path, lineno, headline)
+        self.sections: list = []
+
+    def toterminal(self, tw) -> None:
+        tw.line(self.headline, red=True, bold=True)
+        rest = self.body[len(self.headline):] if self.body.startswith(self.headline) else "\n" + self.body
+        for line in rest.splitlines():
+            tw.line(line)
+        for name, content, sep in self.sections:
+            tw.sep(sep, name)
+            tw.line(content)
+
+    def addsection(self, name, content, sep="-"):
+        self.sections.append((name, content, sep))
+
+    def __str__(self) -> str:
+        return self.body if self.body.startswith(self.headline) else self.headline + "\n" + self.body

@@ -3,7 +3,7 @@ what they import: trl takes 6-7 s) once, then forks a rank per request in about 
 
 Started by ``group.Zygote`` as ``python -m pytest_nccl.zygote FD PARENT``; speaks pickled tuples
 over the socket FD:
-    controller -> zygote: ("import", [(module, path), ...], sys_path) | ("fork", spec)
+    controller -> zygote: ("import", [(module, path), ...], sys_path, environ | None) | ("fork", spec)
     zygote -> controller: ("ready", info) | ("imported", info) | ("forked", pid)
                           | ("exited", pid, raw_wait_status)
     info: {"torch": version, "failures": [...], "cuda_initialized_by": module or None, "start": how}
@@ -22,6 +22,7 @@ same modules itself: seconds per group instead of a millisecond, but correct. ``
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import pickle
 import signal
@@ -160,9 +161,15 @@ def main() -> None:
     from . import rank, tracer  # noqa: F401
     if config["trace"]:
         tracer.install()
+    try:  # what loading a test module needs (assertion rewriting), while pytest still collects
+        import _pytest.assertion.rewrite  # noqa: F401
+    except ImportError:
+        pass
     state = _state(config["trace"], config.get("rank_start", "auto"), config.get("rank_start", "auto") == "auto")
     state["torch"] = torch.__version__
-    conn.send(("ready", _info(state, import_modules(config["preload"], [], state))))
+    failures = import_modules(config["preload"], [], state)
+    gc.freeze()  # what is loaded now is shared by every fork: keep the collector from touching (copying) it
+    conn.send(("ready", _info(state, failures)))
 
     pidfds: dict[int, int] = {}
     while True:
@@ -178,7 +185,12 @@ def main() -> None:
                             pass
                     os._exit(0)
                 if msg[0] == "import":
-                    conn.send(("imported", _info(state, import_modules(msg[1], msg[2], state))))
+                    if msg[3]:  # the controller's environment after collection (conftest files set some)
+                        os.environ.clear()
+                        os.environ.update(msg[3])
+                    info = _info(state, import_modules(msg[1], msg[2], state))
+                    gc.freeze()
+                    conn.send(("imported", info))
                 elif msg[0] == "fork":
                     if _spawns(state):
                         pid = _spawn_rank(state, msg[1])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import textwrap
 import time
 import uuid
@@ -93,3 +95,22 @@ def run_inner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
     yield run
     for tag in tags:
         assert_no_leftovers(tag, wait=0.5)
+
+
+def run_inner_once(tmp_path_factory, source: str, *args: str, name: str = "test_inner",
+                   timeout: float = INNER_TIMEOUT) -> Inner:
+    """As ``run_inner``, for a module-scoped fixture: one inner session whose outcome several tests
+    check, one scenario each (so a failure names its scenario, and start-up is paid once)."""
+    directory = tmp_path_factory.mktemp(name)
+    (directory / f"{name}.py").write_text(textwrap.dedent(source).lstrip("\n"))  # as pytester writes it
+    tag = uuid.uuid4().hex
+    env = dict(os.environ, PYTEST_NCCL_TEST_TAG=tag)
+    env.pop("PYTEST_ADDOPTS", None)
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", *args],
+                          cwd=directory, env=env, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+    elapsed = time.monotonic() - t0
+    result = pytest.RunResult(proc.returncode, proc.stdout.splitlines(), proc.stderr.splitlines(), elapsed)
+    assert_no_leftovers(tag)
+    return Inner(result, elapsed, tag)

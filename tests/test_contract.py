@@ -1,6 +1,10 @@
 """The user-facing contract: marker, fixtures inside ranks, parametrize, controller fixtures,
 torchrun-like environment, skip/xfail, captured output per rank, nccl_world.run."""
 
+import pytest
+
+from conftest import run_inner_once
+
 CONTRACT = """
 import os, pickle, threading
 import pytest, torch
@@ -112,26 +116,43 @@ def test_plain_tests_untouched():
 """
 
 
-def test_contract(run_inner):
-    inner = run_inner(CONTRACT)
-    out = inner.result.parseoutcomes()
-    assert out == {"passed": 9, "failed": 3, "skipped": 1, "xfailed": 3}, inner.text
-    text = inner.text
-    for name in ("test_rank_fixtures", "test_parametrized[1]", "test_parametrized[4]",
-                 "test_param_fixture[a]", "test_param_fixture[b]", "TestInClass::test_method",
-                 "test_output", "test_plain_tests_untouched", "test_sockets_listen_on_loopback_only"):
-        assert f"PASSED test_inner.py::{name}" in text, name
+@pytest.fixture(scope="module")
+def contract(tmp_path_factory):
+    return run_inner_once(tmp_path_factory, CONTRACT)
+
+
+def test_contract_outcomes(contract):
+    assert contract.result.parseoutcomes() == {"passed": 9, "failed": 3, "skipped": 1, "xfailed": 3}, contract.text
+
+
+@pytest.mark.parametrize("name", ["test_rank_fixtures", "test_parametrized[1]", "test_parametrized[4]",
+                                  "test_param_fixture[a]", "test_param_fixture[b]", "TestInClass::test_method",
+                                  "test_output", "test_plain_tests_untouched",
+                                  "test_sockets_listen_on_loopback_only"])
+def test_contract_passes(contract, name):
+    assert f"PASSED test_inner.py::{name}" in contract.text, contract.section(name.split("[")[0])
+
+
+def test_per_rank_captured_output(contract):
     # per-rank captured output, like pytest's own capture sections
-    inner.result.stdout.fnmatch_lines(["*Captured output rank 0*", "hello from rank 0",
-                                       "*Captured output rank 1*", "hello from rank 1"])
-    inner.result.stdout.re_match_lines([r"SKIPPED \[1\] test_inner.py.*not on this stack"])
+    contract.result.stdout.fnmatch_lines(["*Captured output rank 0*", "hello from rank 0",
+                                          "*Captured output rank 1*", "hello from rank 1"])
+
+
+def test_skip_everywhere_and_on_one_rank(contract):
+    contract.result.stdout.re_match_lines([r"SKIPPED \[1\] test_inner.py.*not on this stack"])
     assert "pytest.skip was called on rank 1 only (only rank 1); rank 0 did not skip" in \
-        inner.section("test_skip_on_one")
-    assert "XFAIL test_inner.py::test_imperative_xfail - known on every rank" in text
-    rewritten = inner.section("test_assert_rewritten")
-    assert "rank 1 raised AssertionError: assert 2 == 1" in rewritten
+        contract.section("test_skip_on_one")
+
+
+def test_xfail_and_rewritten_asserts(contract):
+    assert "XFAIL test_inner.py::test_imperative_xfail - known on every rank" in contract.text
+    assert "rank 1 raised AssertionError: assert 2 == 1" in contract.section("test_assert_rewritten")
+
+
+def test_unpicklable_fixture_is_one_line(contract):
     assert "pytest-nccl: fixture 'lock' cannot be used in a test marked nccl: its value (lock) cannot " \
-           "be sent to the ranks" in inner.section("test_unpicklable_fixture")
+           "be sent to the ranks" in contract.section("test_unpicklable_fixture")
 
 
 WORLD_API = r"""

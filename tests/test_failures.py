@@ -3,7 +3,9 @@ headline; the session goes on and the next test gets a healthy group; no process
 
 import re
 
-from conftest import line_of
+import pytest
+
+from conftest import line_of, run_inner_once
 
 FAILURES = """
 import os, signal, time
@@ -91,49 +93,56 @@ def test_l_last_passes(rank):
 """
 
 
-def test_failures_are_bounded_and_diagnosed(run_inner):
-    inner = run_inner(FAILURES, "--nccl-timeout=60")
-    outcomes = inner.result.parseoutcomes()
-    assert outcomes.get("passed") == 2 and outcomes.get("failed") == 10, inner.text
+@pytest.fixture(scope="module")
+def failures(tmp_path_factory):
+    return run_inner_once(tmp_path_factory, FAILURES, "--nccl-timeout=60")
+
+
+def test_failures_session_is_bounded(failures):
+    outcomes = failures.result.parseoutcomes()
+    assert outcomes.get("passed") == 2 and outcomes.get("failed") == 10, failures.text
     # one session: 2 hangs of 3 s each, the rest fail within 2 s each, plus start-up
-    assert inner.elapsed < 60, inner.elapsed
+    assert failures.elapsed < 60, failures.elapsed
+    failures.result.stdout.fnmatch_lines(["*PASSED test_inner.py::test_f_passes_after_failures*",
+                                          "*PASSED test_inner.py::test_l_last_passes*"])
 
-    raised = inner.section("test_a_raises")
-    assert "rank 1 raised ValueError: boom on one rank after 1 collective in group default; " \
-           f"rank 0 waits in all_reduce #2 of group default from test_inner.py:{line_of(FAILURES, '# the second')}" in raised
-    assert "-- traceback of rank 1 --" in raised and 'raise ValueError("boom on one rank")' in raised
 
-    assert "rank 0 exited with code 3 after 1 collective in group default; rank 1 waits in barrier #2" \
-        in inner.section("test_b_exit3")
-    assert "rank 1 killed by SIGKILL after 1 collective" in inner.section("test_c_sigkill")
-    assert "rank 1 killed by SIGSEGV after 1 collective" in inner.section("test_d_sigsegv")
-    assert "rank 1 left the test (passed) after 1 collective in group default; rank 0 waits in " \
-           f"all_gather #2 of group default from test_inner.py:{line_of(FAILURES, 'dist.all_gather([torch.zeros(2)')}" \
-        in inner.section("test_e_never_enters")
+# scenario -> what its failure section must show (regular expressions)
+EXPECTED = {
+    "test_a_raises": [
+        re.escape("rank 1 raised ValueError: boom on one rank after 1 collective in group default; rank 0 waits "
+                  f"in all_reduce #2 of group default from test_inner.py:{line_of(FAILURES, '# the second')}"),
+        re.escape("-- traceback of rank 1 --"), re.escape('raise ValueError("boom on one rank")')],
+    "test_b_exit3": [re.escape("rank 0 exited with code 3 after 1 collective in group default; rank 1 waits in "
+                               "barrier #2")],
+    "test_c_sigkill": [re.escape("rank 1 killed by SIGKILL after 1 collective")],
+    "test_d_sigsegv": [re.escape("rank 1 killed by SIGSEGV after 1 collective")],
+    "test_e_never_enters": [re.escape(
+        "rank 1 left the test (passed) after 1 collective in group default; rank 0 waits in all_gather #2 of "
+        f"group default from test_inner.py:{line_of(FAILURES, 'dist.all_gather([torch.zeros(2)')}")],
+    "test_g_true_hang": [r"every rank is inside recv #1 of group default:p2p from test_inner.py:\d+ and none "
+                         r"completed within the 3 s bound",
+                         re.escape("-- Python stack of rank 0 (all threads) --"),
+                         re.escape("dist.recv(t, src=1 - rank)")],
+    "test_h_slow_rank": [rf"slow rank: rank 1 is busy outside any collective at test_inner.py \(line "
+                         rf"{line_of(FAILURES, 'time.sleep(60)')}, in test_h_slow_rank\).*rank 0 waited for the "
+                         r"whole 3 s bound in all_reduce #1", re.escape("time.sleep(60)")],
+    "test_i_shape_mismatch_abort": [
+        re.escape("shape mismatch in all_gather #1 of group default: rank 0 [3], rank 1 [5] "
+                  f"(from test_inner.py:{line_of(FAILURES, 'dist.all_gather([torch.zeros(n)')})"),
+        re.escape("killed by SIGABRT inside it")],
+    "test_j_op_mismatch": [re.escape("op mismatch at collective #1 of group default: rank 0 all_reduce, "
+                                     "rank 1 broadcast")],
+    "test_k_silent_mismatch": [re.escape("shape mismatch in broadcast #1 of group default: rank 0 [3], rank 1 [5]"),
+                               re.escape("completed it without an error")],
+}
 
-    hang = inner.section("test_g_true_hang")
-    assert re.search(r"every rank is inside recv #1 of group default:p2p from test_inner.py:\d+ and none "
-                     r"completed within the 3 s bound", hang)
-    assert "-- Python stack of rank 0 (all threads) --" in hang and "dist.recv(t, src=1 - rank)" in hang
 
-    slow = inner.section("test_h_slow_rank")
-    line = line_of(FAILURES, "time.sleep(60)")
-    assert re.search(rf"slow rank: rank 1 is busy outside any collective at test_inner.py \(line {line}, "
-                     r"in test_h_slow_rank\).*rank 0 waited for the whole 3 s bound in all_reduce #1", slow)
-    assert "time.sleep(60)" in slow
-
-    abort = inner.section("test_i_shape_mismatch_abort")
-    assert "shape mismatch in all_gather #1 of group default: rank 0 [3], rank 1 [5] " \
-           f"(from test_inner.py:{line_of(FAILURES, 'dist.all_gather([torch.zeros(n)')})" in abort
-    assert "killed by SIGABRT inside it" in abort
-
-    assert "op mismatch at collective #1 of group default: rank 0 all_reduce, rank 1 broadcast" \
-        in inner.section("test_j_op_mismatch")
-    assert "shape mismatch in broadcast #1 of group default: rank 0 [3], rank 1 [5]" \
-           in inner.section("test_k_silent_mismatch")
-    assert "completed it without an error" in inner.section("test_k_silent_mismatch")
-    inner.result.stdout.fnmatch_lines(["*PASSED test_inner.py::test_f_passes_after_failures*",
-                                       "*PASSED test_inner.py::test_l_last_passes*"])
+@pytest.mark.parametrize("scenario", sorted(EXPECTED))
+def test_failure_is_diagnosed(failures, scenario):
+    section = failures.section(scenario)
+    for pattern in EXPECTED[scenario]:
+        assert re.search(pattern, section, re.S), f"/{pattern}/ not in:\n{section}"
 
 
 TIMING = """

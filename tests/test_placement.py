@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from pytest_nccl.gpus import visible_devices
+from pytest_nccl.forked.gpus import visible_devices
 from pytest_nccl.settings import PYTEST_TIMEOUT_RESERVE, Budget
 
 

@@ -21,6 +21,9 @@ import pytest
 
 from conftest import assert_no_leftovers, line_of
 from pytest_nccl import spmd
+from pytest_nccl.errors import NcclUsageError
+from pytest_nccl.spmd.collection import collection_difference
+from pytest_nccl.spmd.release import abort_connections
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH_TIMEOUT = 150  # one torchrun run; longer is itself a hang
@@ -360,23 +363,23 @@ def test_detect_reads_the_launchers_environment():
     assert (launch.launcher, launch.agent_store, launch.run_id, launch.attempt) == ("torchrun", True, "job", 2)
     assert spmd.detect("off", env) is None
     assert spmd.detect("auto", {"RANK": "0", "WORLD_SIZE": "2"}) is None  # no store address: plugin mode
-    with pytest.raises(spmd.NcclUsageError, match="missing: MASTER_ADDR, MASTER_PORT"):
+    with pytest.raises(NcclUsageError, match="missing: MASTER_ADDR, MASTER_PORT"):
         spmd.detect("on", {"RANK": "0", "WORLD_SIZE": "2"})
     slurm = spmd.detect("on", {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1",
                                "SLURM_JOB_ID": "7", "MASTER_ADDR": "n0", "MASTER_PORT": "1234"})
     assert (slurm.rank, slurm.world, slurm.local_rank, slurm.launcher, slurm.agent_store) == (3, 4, 1, "srun", False)
-    with pytest.raises(spmd.NcclUsageError, match="RANK=4 is not within WORLD_SIZE=4"):
+    with pytest.raises(NcclUsageError, match="RANK=4 is not within WORLD_SIZE=4"):
         spmd.detect("auto", {"RANK": "4", "WORLD_SIZE": "4", "MASTER_ADDR": "a", "MASTER_PORT": "1"})
 
 
 def test_collection_difference_names_the_first_differing_test():
     same = {"ids": ["a::t1", "a::t2"], "errors": 0}
-    assert spmd.collection_difference({0: same, 1: same}, 2, []) is None
+    assert collection_difference({0: same, 1: same}, 2, []) is None
     other = {"ids": ["a::t1", "a::t3"], "errors": 0}
-    message = spmd.collection_difference({0: same, 1: same, 2: other}, 3, [])
+    message = collection_difference({0: same, 1: same, 2: other}, 3, [])
     assert message.endswith("rank 2 collected 2 tests, rank 0 2; first difference at test #2: rank 0 "
                             "'a::t2', rank 2 'a::t3'")
-    assert "rank 1 ended before collecting" in spmd.collection_difference({0: same}, 2, [1])
+    assert "rank 1 ended before collecting" in collection_difference({0: same}, 2, [1])
 
 
 def test_abort_connections_releases_a_blocked_reader_and_keeps_the_store_port():
@@ -392,7 +395,7 @@ def test_abort_connections_releases_a_blocked_reader_and_keeps_the_store_port():
     client = socket.create_connection(other.getsockname())
     server, _ = other.accept()
     try:
-        assert spmd.abort_connections({port}) >= 2  # both ends of the other connection
+        assert abort_connections({port}) >= 2  # both ends of the other connection
         client.settimeout(2)
         assert client.recv(1) == b""  # released at once: end of stream
         kept_client.sendall(b"x")

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from pytest_nccl.errors import NcclUsageError
-from pytest_nccl.gpus import GpuLeaser
+from pytest_nccl.forked.gpus import GpuLeaser
 from pytest_nccl.settings import Placement, parse_world, place
 
 

@@ -26,6 +26,7 @@ from typing import Sequence, TextIO
 
 from packaging.version import InvalidVersion, Version
 
+from . import builders
 from . import envs as envs_mod
 from . import search
 from .prober import ProbeConfig, ReleaseProber, tooling_requirements
@@ -280,13 +281,13 @@ def _make_cache(ns, out: TextIO) -> tuple[envs_mod.EnvCache, str, list[str], lis
     if not base.torch_version:
         raise SystemExit("pytest-nccl bisect: torch is not installed in this interpreter; install it first "
                          "(the envs are layered on it)")
-    uv = envs_mod.find_uv() if ns.installer in ("auto", "uv") else None
+    uv = builders.find_uv() if ns.installer in ("auto", "uv") else None
     if ns.installer == "uv" and not uv:
         raise SystemExit("pytest-nccl bisect: --installer uv but no uv found (pip install uv)")
     if uv:
-        builder = envs_mod.UvBuilder(uv, stream=ns.verbose)
+        builder = builders.UvBuilder(uv, stream=ns.verbose)
     else:
-        builder = envs_mod.PipBuilder(root / "layers", stream=ns.verbose)
+        builder = builders.PipBuilder(root / "layers", stream=ns.verbose)
     repo_pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
     tooling = tooling_requirements(repo_pyproject)
     from packaging.requirements import Requirement

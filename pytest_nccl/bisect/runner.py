@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from . import exitcodes
+from .. import exitcodes
 from .search import Verdict
 
 HEADLINE_PROPERTY = "nccl_diagnosis"

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_nccl.bisect.exitcodes import (EXIT_GIT_BISECT_SKIP, Failure, crash_line, failure_from_report,
+from pytest_nccl.exitcodes import (EXIT_GIT_BISECT_SKIP, Failure, crash_line, failure_from_report,
                                           git_bisect_meaning, is_infrastructure, map_exitstatus)
 
 IMPORT = Failure("t.py::a", "call", "ModuleNotFoundError: No module named 'trl'")
@@ -77,7 +77,7 @@ def test_crash_line_shapes():
 def test_with_real_pytest_reports(pytester):
     """The adapter on real reports: a collection ImportError maps to 125, a failure stays 1."""
     pytester.makeconftest("""
-        from pytest_nccl.bisect import exitcodes
+        from pytest_nccl import exitcodes
         FAILS = []
         def pytest_collectreport(report):
             if report.failed: FAILS.append(exitcodes.failure_from_report(report))

@@ -108,7 +108,7 @@ def test_pip_index_output_parsing_and_fake_run():
     assert parse_pip_index_output(text) == ["0.16.1", "0.16.0", "0.15.2"]
 
     def run(cmd, **kw):
-        assert cmd[-4:-2] == ["trl", "--pre"] or "trl" in cmd
+        assert cmd == ["python", "-m", "pip", "index", "versions", "trl", "--pre", "--disable-pip-version-check"]
         return subprocess.CompletedProcess(cmd, 0, text, "")
 
     rels = PipIndex(python="python", run=run).releases("trl")

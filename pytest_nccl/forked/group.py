@@ -1,0 +1,412 @@
+"""One group of rank processes joined in a torch.distributed group: start it, send it a call, feed
+what the ranks report to the referee, collect stacks once it decides, tear the group down.
+
+The shape follows xdist's ``workermanage.py`` (start and watch workers); the decisions are the
+referee's (``pytest_nccl/referee.py``), this module only moves messages and files.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import socket
+import tempfile
+import time
+from multiprocessing.connection import Connection, wait
+
+from ..diagnose import digests_agree
+from ..errors import RankSetupError
+from ..flight import merge as merge_flight_recorder
+from ..flight import records_from_dump
+from ..journal import read_journal
+from ..protocol import Call, Outcome
+from ..records import CallResult, RankState, RankView
+from ..referee import TIMING, Reason, Referee
+from .zygote_client import Zygote, describe_wait_status, signal_name
+
+
+def _journal_path(call: Call, rank: int) -> str:
+    return os.path.join(call.journal_dir, f"journal-{rank}.txt")
+
+
+class _CallState:
+    """What the controller has learned so far about one call."""
+
+    def __init__(self, call: Call, world: int, t0: float, since_ns: int):
+        self.call, self.t0, self.since_ns = call, t0, since_ns
+        self.views = {r: RankView(r) for r in range(world)}
+        self.outcomes: dict[int, Outcome] = {}
+        self.live: dict[int, Connection] = {}
+        self.fr_json: dict[int, str] = {}
+        self.fr_pickle: dict[int, bytes] = {}
+        self.pending_dumps: set = set()
+        self.want_stacks = False
+
+
+class RankGroup:
+    """N rank processes joined in one torch.distributed group."""
+
+    _ids = itertools.count()
+
+    def __init__(self, zygote: Zygote, world: int, backend: str, timeout: float, workdir: str,
+                 gpu_ids: list | None = None, rank_env: dict | None = None):
+        self.zygote, self.world, self.backend, self.timeout = zygote, world, backend, timeout
+        self.key = (world, backend, timeout)
+        self.gid = next(self._ids)
+        self.dir = tempfile.mkdtemp(prefix=f"g{self.gid}-", dir=workdir)
+        self.gpu_ids = gpu_ids  # physical device ids (the leaser maps them through CUDA_VISIBLE_DEVICES)
+        self.pids: dict[int, int] = {}
+        self.conns: dict[int, Connection] = {}
+        self.calls = itertools.count(1)
+        self.healthy = False
+        self.used = False
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.control_path = os.path.join(self.dir, "control.sock")
+        self._listener.bind(self.control_path)
+        self._listener.listen(world)
+        self.rank_env = dict(rank_env or {})
+        if gpu_ids is not None:
+            self.rank_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids))
+        self.joined: set = set()
+        self.setup_errors: dict[int, str] = {}
+
+    # -- files each rank writes, readable after it died --------------------------------------
+    def output_path(self, rank: int) -> str:
+        return os.path.join(self.dir, f"rank{rank}.out")
+
+    def stack_path(self, rank: int) -> str:
+        return os.path.join(self.dir, f"rank{rank}.stack")
+
+    def start(self, deadline: float) -> None:
+        """Fork the ranks and wait until every one joined the process group. Raise RankSetupError
+        naming the ranks that did not join, and why, at the deadline at the latest."""
+        master_port = _free_loopback_port()
+        for rank in range(self.world):
+            spec = {"rank": rank, "local_rank": rank, "world": self.world, "local_world": self.world,
+                    "backend": self.backend, "pg_timeout": self.timeout + TIMING.pg_timeout_margin,
+                    "store_path": os.path.join(self.dir, "store"), "control_path": self.control_path,
+                    "output_path": self.output_path(rank), "stack_path": self.stack_path(rank),
+                    "master_addr": "127.0.0.1", "master_port": master_port, "env": self.rank_env,
+                    "run_id": f"pytest-nccl-{os.getpid()}-{self.gid}"}
+            self.pids[rank] = self.zygote.fork(spec)
+        pending_socks: list[socket.socket] = []
+        hello: dict = {}
+        while len(self.joined) + len(self.setup_errors) < self.world:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            waitables = [self._listener, *pending_socks, *hello, self.zygote.conn]
+            for ready in wait(waitables, timeout=min(left, 0.5)):
+                if ready is self._listener:
+                    sock, _ = self._listener.accept()
+                    hello[Connection(sock.detach())] = None
+                elif ready is self.zygote.conn:
+                    self.zygote.drain()
+                else:
+                    try:
+                        msg = ready.recv()
+                    except (EOFError, OSError):
+                        hello.pop(ready, None)
+                        continue
+                    if msg[0] == "hello":
+                        hello[ready] = msg[1]
+                        self.conns[msg[1]] = ready
+                    elif msg[0] == "joined":
+                        self.joined.add(msg[1])
+                    elif msg[0] == "setup-error":
+                        self.setup_errors[msg[1]] = msg[2]
+            if self._dead_ranks() - self.joined:
+                # a rank died before joining: the others will wait for it until the bound
+                time.sleep(0.05)
+                self.zygote.drain()
+                break
+        if len(self.joined) == self.world:
+            self.healthy = True
+            return
+        raise RankSetupError(self._join_failure())
+
+    def _dead_ranks(self) -> set:
+        return {r for r, pid in self.pids.items() if pid in self.zygote.exits}
+
+    def _join_failure(self) -> str:
+        self.zygote.drain()
+        missing = []
+        for rank in range(self.world):
+            if rank in self.joined:
+                continue
+            why = self.setup_errors.get(rank)
+            if why is None:
+                status = self.zygote.exits.get(self.pids.get(rank, -1))
+                why = describe_wait_status(status) if status is not None else "still waiting"
+            tail = _tail(self.output_path(rank), 3)
+            missing.append(f"rank {rank} ({why}{'; last output: ' + tail if tail else ''})")
+        return (f"{len(self.joined)}/{self.world} ranks joined the {self.backend} group; "
+                f"missing: {', '.join(missing)}")
+
+    # -- one call -----------------------------------------------------------------------------
+    def run(self, call: Call, bound: float) -> CallResult:
+        self.used = True
+        call.call_id = next(self.calls)
+        state = _CallState(call, self.world, time.monotonic(), time.time_ns())
+        referee = Referee(self.world, bound, state.t0, trace=call.trace, flight_recorder=True)
+        view = _ForkedCallView(self, state)
+        offsets = {r: _size(self.output_path(r)) for r in range(self.world)}
+        for conn in self.conns.values():
+            try:
+                conn.send(("call", call))
+            except OSError:
+                pass
+        state.live = dict(self.conns)
+        for rank in range(self.world):
+            if rank not in state.live:
+                referee.finished(rank, RankState.DEAD, state.t0)
+        while True:
+            reason = referee.step(time.monotonic(), view)
+            if reason is not None:
+                break
+            ready = wait([*state.live.values(), self.zygote.conn],
+                         timeout=max(0.0, referee.wake_at() - time.monotonic()))
+            for obj in ready:
+                if obj is self.zygote.conn:
+                    self.zygote.drain()
+                else:
+                    self._receive(obj, state, referee)
+        if reason == Reason.DECIDED and referee.settle:
+            self._settle(state, referee)
+        if state.live:
+            # stacks of the ranks still running; Flight Recorder of every rank that can answer
+            state.fr_json.clear()
+            for rank in state.live:
+                state.views[rank].status = RankState.RUNNING
+            self._request_dumps(state, list(self.conns), TIMING.stacks_wait, want_stacks=True)
+            self._faulthandler_stacks(state)
+            self.healthy = False
+        views, outcomes = state.views, state.outcomes
+        result = CallResult(ranks=[views[r] for r in range(self.world)], reason=reason,
+                            outcomes=outcomes, elapsed=time.monotonic() - state.t0, bound=bound)
+        if reason != "completed" or any(v.status != RankState.PASSED for v in result.ranks):
+            self.healthy = False
+        for rank, view in views.items():
+            out = outcomes.get(rank)
+            if out is not None:
+                view.exc_type, view.exc_text, view.message = out.exc_type, out.exc_text, out.message
+                if not out.initialized or out.dangling:
+                    # the test destroyed the default group, or left collectives in flight that
+                    # would pair with the next test's: start afresh next time
+                    self.healthy = False
+        if not self.healthy:
+            self.kill()
+        for rank, view in views.items():
+            if _size(self.output_path(rank)) > offsets[rank]:
+                view.output = _read_from(self.output_path(rank), offsets[rank])
+        result.digests_agree = digests_agree({r: o.digest for r, o in outcomes.items()}, self.world)
+        clean = reason == Reason.COMPLETED and result.all_passed and result.digests_agree
+        if call.trace and not clean:
+            fr = state.fr_json if len(state.fr_json) == self.world else None
+            for rank, records in self._journals(call, fr, state.since_ns).items():
+                views[rank].records = records
+        self._fill_exit_statuses(views)
+        result.fr_json, result.fr_pickle = dict(state.fr_json), dict(state.fr_pickle)
+        return result
+
+    def _settle(self, state: "_CallState", referee: Referee) -> None:
+        """The call is decided; give ranks that are outside any collective a moment to finish too,
+        so the report says "ranks 1,2 left the test" rather than catching one of them mid-return."""
+        deadline = time.monotonic() + TIMING.settle
+        while state.live and time.monotonic() < deadline:
+            journals = self._journals(state.call)
+            if all(RankView(r, records=journals[r]).current is not None for r in state.live):
+                return  # everyone still running waits in a collective: nothing more will come
+            timeout = max(0.0, min(TIMING.poll, deadline - time.monotonic()))
+            for obj in wait(list(state.live.values()), timeout=timeout):
+                self._receive(obj, state, referee)
+
+    def _receive(self, conn: Connection, state: "_CallState", referee: Referee | None = None) -> None:
+        """Take one message from a rank during a call; outcomes and deaths go to the referee."""
+        rank = next(r for r, c in self.conns.items() if c is conn)
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            state.live.pop(rank, None)
+            self.conns.pop(rank, None)
+            state.views[rank].status = RankState.DEAD
+            state.views[rank].finished_at = time.monotonic() - state.t0
+            if referee is not None:
+                referee.finished(rank, RankState.DEAD, time.monotonic())
+            return
+        if msg[0] == "outcome" and msg[1].call_id == state.call.call_id:
+            out = msg[1]
+            state.outcomes[rank] = out
+            state.views[rank].status = RankState.of_outcome(out.status)
+            state.views[rank].finished_at = time.monotonic() - state.t0
+            state.live.pop(rank, None)
+            if referee is not None:
+                referee.finished(rank, state.views[rank].status, time.monotonic())
+            return
+        if msg[0] == "dump":
+            state.pending_dumps.discard(rank)
+            if state.want_stacks and rank in state.live:
+                state.views[rank].stack = msg[2]
+            if msg[3]:
+                state.fr_json[rank] = msg[3]
+            if len(msg) > 4 and msg[4]:
+                state.fr_pickle[rank] = msg[4]
+        return False
+
+    def _request_dumps(self, state: "_CallState", ranks: list, timeout: float, want_stacks=False) -> None:
+        """Ask ranks for stacks and Flight Recorder: their reader thread answers while the main
+        thread waits in a collective, and idle ranks answer too."""
+        state.want_stacks = want_stacks
+        state.pending_dumps = set()
+        for rank in ranks:
+            conn = self.conns.get(rank)
+            if conn is None:
+                continue
+            try:
+                conn.send(("dump",))
+                state.pending_dumps.add(rank)
+            except OSError:
+                pass
+        deadline = time.monotonic() + timeout
+        while state.pending_dumps and time.monotonic() < deadline:
+            conns = [self.conns[r] for r in state.pending_dumps if r in self.conns]
+            if not conns:
+                break
+            for obj in wait(conns, timeout=max(0.0, deadline - time.monotonic())):
+                self._receive(obj, state)
+            state.pending_dumps &= set(self.conns)
+
+    def _faulthandler_stacks(self, state: "_CallState") -> None:
+        """Where a running rank could not answer (the GIL held in C code), faulthandler writes its
+        stacks on SIGUSR1."""
+        silent = [r for r in state.live if not state.views[r].stack]
+        for rank in silent:
+            pid = self.pids.get(rank)
+            if pid:
+                try:
+                    os.kill(pid, signal.SIGUSR1)
+                except OSError:
+                    pass
+        if silent:
+            time.sleep(0.2)
+            for rank in silent:
+                state.views[rank].stack = _read_from(self.stack_path(rank), 0)[-6000:]
+
+    def _journals(self, call: Call, fr_json: dict | None = None, since_ns: int = 0) -> dict:
+        journals = {r: read_journal(_journal_path(call, r), r) for r in range(self.world)}
+        if fr_json:
+            dumps = {r: records_from_dump(fr_json.get(r), r, since_ns) for r in journals}
+            journals = merge_flight_recorder(journals, dumps)
+        return journals
+
+    def _fill_exit_statuses(self, views: dict) -> None:
+        dead = [r for r, v in views.items() if v.status == RankState.DEAD]
+        deadline = time.monotonic() + 1.0
+        while dead and time.monotonic() < deadline:
+            self.zygote.drain()
+            if all(self.pids.get(r) in self.zygote.exits for r in dead):
+                break
+            time.sleep(0.01)
+        for r in dead:
+            status = self.zygote.exits.get(self.pids.get(r, -1))
+            if status is None:
+                continue
+            if os.WIFSIGNALED(status):
+                views[r].signal_name = signal_name(os.WTERMSIG(status))
+            elif os.WIFEXITED(status):
+                views[r].exit_code = os.WEXITSTATUS(status)
+
+    def health_check(self) -> bool:
+        """Reuse only a group whose last call passed everywhere (run() clears ``healthy``
+        otherwise: a failure, a rank that destroyed the default group or left async work
+        pending), whose ranks are all alive and connected. No collective: a round trip per test
+        would double the warm overhead, and a passing call already proved the group works."""
+        self.zygote.drain()
+        return (self.healthy and len(self.conns) == self.world
+                and not any(pid in self.zygote.exits for pid in self.pids.values()))
+
+    def kill(self) -> None:
+        """SIGTERM each rank's process group, then SIGKILL whatever is left."""
+        self.healthy = False
+        for conn in self.conns.values():
+            try:
+                conn.close()
+            except OSError:
+                pass
+        self.conns.clear()
+        pids = [pid for pid in self.pids.values() if pid not in self.zygote.exits]
+        for pid in pids:
+            _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + TIMING.term_wait
+        while pids and time.monotonic() < deadline:
+            self.zygote.drain()
+            pids = [pid for pid in pids if pid not in self.zygote.exits]
+            if pids:
+                self.zygote.conn.poll(0.01)
+        for pid in self.pids.values():
+            _signal_group(pid, signal.SIGKILL)  # also reaches what a rank started (its session)
+        # our own files are left to the session's work directory cleanup
+        try:
+            self._listener.close()
+        except OSError:
+            pass
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except OSError:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def _free_loopback_port() -> int:
+    # MASTER_PORT for code that reads it (extra groups a test creates); nothing of ours listens
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _ForkedCallView:
+    """What the referee reads of a running forked call: journal files, and the Flight Recorder
+    asked of every rank over its socket."""
+
+    def __init__(self, group: RankGroup, state: "_CallState"):
+        self.group, self.state = group, state
+
+    def journals(self) -> dict:
+        return self.group._journals(self.state.call)
+
+    def journal_sizes(self) -> list:
+        return [_size(_journal_path(self.state.call, r)) for r in range(self.group.world)]
+
+    def flight_recorder_journals(self) -> dict | None:
+        state = self.state
+        self.group._request_dumps(state, list(self.group.conns), 0.5)
+        if len(state.fr_json) != self.group.world:
+            return None
+        return self.group._journals(state.call, state.fr_json, state.since_ns)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _read_from(path: str, offset: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(200_000).decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _tail(path: str, lines: int) -> str:
+    text = _read_from(path, max(0, _size(path) - 4000)).strip().splitlines()
+    return " | ".join(text[-lines:])[:300]

@@ -1,0 +1,118 @@
+"""The fork server and the one live group of a pytest process; GPU leases for NCCL groups."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+
+from ..errors import RankSetupError
+from .group import RankGroup
+from .zygote_client import Zygote
+
+class GroupPool:
+    """One fork server and at most one live group per pytest process."""
+
+    def __init__(self, workdir_parent: str | None, preload: list, trace: bool, gpu_leaser=None,
+                 rank_start: str = "auto"):
+        # journals and outputs on tmpfs where there is one: a journal line is a syscall per collective
+        if workdir_parent is None and os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+            workdir_parent = "/dev/shm"
+        self.workdir = tempfile.mkdtemp(prefix="pytest-nccl-", dir=workdir_parent)
+        self.preload = list(preload)
+        self.trace = trace
+        self.zygote: Zygote | None = None
+        self.zygote_env: dict = {}
+        self.group: RankGroup | None = None
+        self.gpu_leaser = gpu_leaser  # a GpuLeaser, or a function that makes one when first needed
+        self.lease = None
+        self.calls = 0
+        self.rank_start = rank_start
+        self.spawned_group_starts: list[float] = []  # seconds, of groups started as fresh interpreters
+
+    def ensure_zygote(self, wait: bool = True) -> Zygote:
+        """The fork server, started if needed. ``wait=False`` only starts it: the plugin does so
+        when the session starts, so torch is imported while pytest collects."""
+        if self.zygote is None or self.zygote.proc.poll() is not None:
+            env = self.zygote_env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+                   "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "false"),
+                   # every socket a rank opens stays on the loopback interface
+                   "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+                   "NCCL_SOCKET_IFNAME": os.environ.get("NCCL_SOCKET_IFNAME", "lo"),
+                   # torch.cuda.is_available() at a test module's import asks NVML, not the CUDA
+                   # driver: the fork server stays fork-safe
+                   "PYTORCH_NVML_BASED_CUDA_CHECK": os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK", "1")}
+            if self.trace:
+                env.setdefault("TORCH_FR_BUFFER_SIZE", os.environ.get("TORCH_FR_BUFFER_SIZE", "2000"))
+            if self.group is not None:
+                self.group.kill()
+                self.group = None
+            self.zygote = Zygote(self.workdir, self.preload, env, self.trace, self.rank_start)
+        return self.zygote.ready() if wait else self.zygote
+
+    def add_modules(self, modules: list) -> None:
+        """Test modules found by collection: the running fork server imports them now, without
+        waiting (with the controller's environment as collection left it); a restarted one preloads
+        them."""
+        new = [m for m in modules if m not in self.preload]
+        self.preload += new
+        if new and self.zygote is not None and self.zygote.proc.poll() is None:
+            self.zygote.import_modules(new, wait=False, environ={**os.environ, **self.zygote_env})
+
+    def get(self, world: int, placement, timeout: float, deadline: float) -> RankGroup:
+        """A healthy group of this shape: the warm one after a health check, else a fresh one.
+        ``placement`` (settings.Placement): the backend, and whether each rank gets a GPU of its
+        own (leased) or sees no CUDA at all."""
+        zygote = self.ensure_zygote()
+        key = (world, placement.backend, placement.gpus, timeout)
+        if self.group is not None:
+            if self.group.key == key and self.group.healthy:
+                if self.group.health_check():
+                    return self.group
+            self.release()
+        gpu_ids = None
+        rank_env = {}
+        if placement.gpus:
+            if callable(self.gpu_leaser):
+                self.gpu_leaser = self.gpu_leaser()  # made when a group first needs GPUs
+            try:
+                self.lease = self.gpu_leaser.acquire(world, deadline)
+            except TimeoutError as exc:
+                raise RankSetupError(str(exc)) from None
+            gpu_ids = self.lease.ids
+        else:
+            rank_env["CUDA_VISIBLE_DEVICES"] = ""  # gloo without a GPU per rank: the CPU path
+        self.group = RankGroup(zygote, world, placement.backend, timeout, self.workdir, gpu_ids, rank_env)
+        self.group.key = key
+        started = time.monotonic()
+        try:
+            self.group.start(deadline)
+        except BaseException:
+            self.release()
+            raise
+        if zygote.start_mode == "spawn":
+            self.spawned_group_starts.append(time.monotonic() - started)
+        return self.group
+
+    def release(self) -> None:
+        if self.group is not None:
+            self.group.kill()
+            shutil.rmtree(self.group.dir, ignore_errors=True)
+            self.group = None
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
+
+    def new_call_dir(self) -> str:
+        self.calls += 1
+        path = os.path.join(self.workdir, f"call{self.calls}")
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def close(self) -> None:
+        self.release()
+        if self.zygote is not None:
+            self.zygote.close()
+            self.zygote = None
+        shutil.rmtree(self.workdir, ignore_errors=True)

@@ -1,0 +1,168 @@
+"""The referee: when is the outcome of a distributed call known, and what is it.
+
+Pure (no torch, no processes, no sockets), like xdist's scheduling policies behind
+``scheduler/protocol.py``: the forked groups (sockets and journal files) and the SPMD session (the
+launcher's store) are transports that feed it what the ranks reported and the time, and do what it
+says: keep waiting, or collect the stuck ranks' stacks and conclude. Every rule and every timing
+constant lives here, once, and is tested with a fake clock (tests/test_referee.py).
+
+The rules, in the order they are applied:
+1. every rank finished: completed;
+2. the bound is reached: timeout;
+3. a rank failed: give the others ``grace_after_failure`` to finish or fail on their own;
+4. a live rank waits in a collective that a finished rank never completed: decided (it can never be
+   matched), checked every ``poll`` from the journals, and every ``flight_recorder_poll`` from the
+   Flight Recorder (collectives issued from C++, such as DDP's reducer);
+5. no journal grew for ``stall_check`` and every running rank waits on a mismatched collective
+   (op, shape or dtype differ at the same position): decided (NCCL would hang there for good).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Protocol
+
+from .diagnose import Diagnosis, diagnose, digests_agree, stuck_on_mismatch, waits_for_a_finished_rank
+from .records import RankState, RankView
+
+
+class Reason(str, enum.Enum):
+    """Why a call stopped being watched."""
+    COMPLETED = "completed"   # every rank finished
+    DECIDED = "decided"       # a rule found the outcome before every rank finished
+    TIMEOUT = "timeout"       # the bound was reached
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Every timing constant of the rules and of the transports' wait for stacks."""
+    grace_after_failure: float = 1.0   # a rank failed: for the others to finish or report their own error
+    poll: float = 0.05                 # how often the journals are checked for an unmatchable wait
+    stall_check: float = 0.5           # no journal grew for this long: look for a mismatched collective
+    flight_recorder_poll: float = 1.0  # with a rank finished, how often the Flight Recorder is consulted
+    settle: float = 0.3                # once decided, for ranks outside any collective to finish too
+    # Collecting the stacks of ranks still running, once decided. Forked: a rank's reader thread
+    # answers over its socket. SPMD: every rank's watchdog publishes a snapshot through the
+    # launcher's store, which it polls: slower, hence longer.
+    stacks_wait: float = 1.0
+    snapshot_wait: float = 3.0
+    release_wait: float = 5.0          # SPMD: after the abort, for every rank to leave the test
+    term_wait: float = 0.5             # forked: between SIGTERM and SIGKILL of a rank's session
+    # The process group's own timeout is the bound plus this: no 30-minute default wait, and our
+    # bound (which started earlier) still fires first, so the report is ours, not gloo's
+    # "Timed out waiting 5000ms for send operation to complete".
+    pg_timeout_margin: float = 10.0
+
+
+TIMING = Timing()
+
+
+class CallView(Protocol):
+    """What a transport can tell the referee about the running call, read only when a rule needs it."""
+
+    def journals(self) -> dict:
+        """rank -> its collective records so far (every rank of the world)."""
+
+    def journal_sizes(self) -> list:
+        """A cheap measure of each rank's journal, to see whether any grew."""
+
+    def flight_recorder_journals(self) -> dict | None:
+        """The journals merged with every rank's Flight Recorder, or None when not every rank
+        answered (or the transport has none)."""
+
+
+class Referee:
+    """Watches one call of ``world`` ranks that started at ``t0`` with ``bound`` seconds."""
+
+    def __init__(self, world: int, bound: float, t0: float, trace: bool = True, timing: Timing = TIMING,
+                 flight_recorder: bool = False):
+        self.world, self.bound, self.t0, self.trace, self.timing = world, bound, t0, trace, timing
+        self.flight_recorder = flight_recorder
+        self.deadline = t0 + bound
+        self.states: dict[int, RankState] = {}     # ranks that finished (outcome, or died)
+        self.failed_at: float | None = None
+        self.settle = False                         # give ranks outside collectives a moment first
+        self._next_check = t0 + timing.poll
+        self._next_stall = t0 + timing.stall_check
+        self._next_flight_recorder = t0 + timing.flight_recorder_poll
+        self._last_sizes = None
+
+    # -- what the transport reports ------------------------------------------------------------------
+    def finished(self, rank: int, state: RankState, now: float) -> None:
+        """``rank`` has an outcome (or died): a failure starts the grace period."""
+        self.states[rank] = state
+        if state in (RankState.FAILED, RankState.DEAD) and self.failed_at is None:
+            self.failed_at = now
+
+    @property
+    def live(self) -> list[int]:
+        return [r for r in range(self.world) if r not in self.states]
+
+    # -- what it decides -------------------------------------------------------------------------------
+    def step(self, now: float, view: CallView) -> Reason | None:
+        """None: keep waiting, at most until ``wake_at()``. A Reason: stop watching."""
+        live = self.live
+        if not live:
+            return Reason.COMPLETED
+        if now >= self.deadline:
+            return Reason.TIMEOUT
+        if self.failed_at is not None and now >= self.failed_at + self.timing.grace_after_failure:
+            return Reason.DECIDED
+        if not self.trace or now < self._next_check:
+            return None
+        self._next_check = now + self.timing.poll
+        live_map = dict.fromkeys(live)
+        finished_some = len(live) < self.world
+        if finished_some and waits_for_a_finished_rank(view.journals(), live_map):
+            self.settle = True
+            return Reason.DECIDED
+        if now >= self._next_stall:
+            self._next_stall = now + self.timing.stall_check
+            sizes = view.journal_sizes()
+            if sizes == self._last_sizes and stuck_on_mismatch(view.journals(), self._views(), live_map):
+                return Reason.DECIDED
+            self._last_sizes = sizes
+        if finished_some and self.flight_recorder and now >= self._next_flight_recorder:
+            self._next_flight_recorder = now + self.timing.flight_recorder_poll
+            merged = view.flight_recorder_journals()
+            if merged is not None and waits_for_a_finished_rank(merged, live_map):
+                return Reason.DECIDED
+        return None
+
+    def wake_at(self) -> float:
+        """The latest time the transport should call ``step`` again, with no news from the ranks."""
+        wake = self.deadline
+        if self.trace:
+            wake = min(wake, self._next_check)
+        if self.failed_at is not None:
+            wake = min(wake, self.failed_at + self.timing.grace_after_failure)
+        return wake
+
+    def _views(self) -> dict:
+        return {r: RankView(r, status=self.states.get(r, RankState.RUNNING)) for r in range(self.world)}
+
+
+# -- the verdict, once every rank's view is complete --------------------------------------------------
+
+CLEAN_STATES = frozenset({RankState.PASSED, RankState.SKIPPED, RankState.XFAILED})
+
+
+def is_clean(views: list[RankView], reason: Reason, digests: dict | None) -> bool:
+    """Every rank finished the same clean way (passed, skipped or xfailed), and every group's members
+    issued the same collectives (``digests``: rank -> {group: (count, crc)}; None: not traced)."""
+    states = {v.status for v in views}
+    return (reason == Reason.COMPLETED and states <= CLEAN_STATES and len(states) == 1
+            and (digests is None or digests_agree(digests, len(views))))
+
+
+def verdict(views: list[RankView], reason: Reason, bound: float) -> Diagnosis:
+    """The diagnosis of a call that is not clean; never None."""
+    diag = diagnose(views, reason, bound)
+    if diag is None:
+        diag = Diagnosis("rank-raised", "the ranks disagree on the outcome: "
+                         + ", ".join(f"rank {v.rank} {v.status}" for v in views))
+    return diag

@@ -1,0 +1,34 @@
+"""Every rank must collect the same tests in the same order: the one message when they do not."""
+
+from __future__ import annotations
+
+from .store import COLLECT_WAIT
+
+
+def collection_difference(lists: dict, world: int, gone: list) -> str | None:
+    """One message naming the ranks and the first differing test, or None when they all agree."""
+    head = "pytest-nccl SPMD mode: every rank must collect the same tests in the same order"
+    if gone:
+        return f"{head}; {'ranks' if len(gone) > 1 else 'rank'} {','.join(map(str, gone))} ended before collecting"
+    missing = [r for r in range(world) if r not in lists]
+    if missing:
+        return (f"{head}; {'ranks' if len(missing) > 1 else 'rank'} {','.join(map(str, missing))} did not finish "
+                f"collecting within {COLLECT_WAIT:g} s")
+    ref = lists[0]["ids"]
+    parts = []
+    for r in range(1, world):
+        ids = lists[r]["ids"]
+        if ids == ref:
+            continue
+        i = next((i for i, (a, b) in enumerate(zip(ref, ids)) if a != b), min(len(ref), len(ids)))
+        mine = ref[i] if i < len(ref) else "(nothing)"
+        theirs = ids[i] if i < len(ids) else "(nothing)"
+        parts.append(f"rank {r} collected {len(ids)} tests, rank 0 {len(ref)}; first difference at test "
+                     f"#{i + 1}: rank 0 {mine!r}, rank {r} {theirs!r}")
+    errors_by_rank = {r: lists[r].get("errors", 0) for r in range(world) if lists[r].get("errors", 0)}
+    if parts:
+        extra = ""
+        if errors_by_rank:
+            extra = "; collection errors on " + ", ".join(f"rank {r} ({n})" for r, n in errors_by_rank.items())
+        return f"{head}: " + "; ".join(parts[:3]) + extra
+    return None

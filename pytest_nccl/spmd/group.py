@@ -1,0 +1,185 @@
+"""The launched group as this rank sees it: the launcher's store (one client per thread that waits
+on it), the default process group created over it (again after a failed test), and releasing this
+rank from a test (connections, NCCL communicators, the main thread), or leaving when nothing can.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+import pytest
+
+from ..errors import RankSetupError
+from ..referee import TIMING
+from .release import abort_connections
+from .store import BYE, COLLECT_WAIT, DONE, FINISH_WAIT, GROUP_WAIT_MIN, LEFT, VERDICT_MARGIN, poll, safe_set
+
+INTERRUPT_SIGNAL = signal.SIGUSR2   # the decider aborted the test: interrupt a body outside collectives
+STUCK_EXIT_CODE = 1
+
+
+class LaunchedGroup:
+    """The store clients and the process group of this rank."""
+
+    def __init__(self, launch, backend: str, debug, say):
+        self.launch, self.backend = launch, backend
+        self.rank, self.world = launch.rank, launch.world
+        self.debug, self.say = debug, say
+        self.store = self.wstore = self.dstore = None  # main thread's, watchdog's, decider's (rank 0)
+        self._base = None                      # the main thread's TCPStore client (under self.store)
+        self.gen = 0                           # process group generation: its store prefix pg<gen>/
+        self.need_group = True                 # (re)create the default group at the next marked test
+        self.pg_timeout = 0.0
+
+    def connect(self) -> None:
+        """The launcher's store: torchrun's agent hosts it (every rank is a client); without an agent
+        rank 0 hosts it, as ``env://`` would. One client per thread that waits on it."""
+        import torch.distributed as dist
+        l = self.launch
+        timeout = datetime.timedelta(seconds=COLLECT_WAIT)
+        host = l.rank == 0 and not l.agent_store
+
+        def client(master: bool = False):
+            return dist.TCPStore(l.master_addr, l.master_port, l.world, master, timeout=timeout,
+                                 wait_for_workers=False)
+
+        try:
+            self._base = client(host)
+            prefix = f"pytest-nccl/{l.run_id}/{l.attempt}/"
+            self.store = dist.PrefixStore(prefix, self._base)
+            self.wstore = dist.PrefixStore(prefix, client())
+            self.dstore = dist.PrefixStore(prefix, client()) if l.rank == 0 else None
+        except Exception as exc:
+            self.store = self.wstore = self.dstore = None
+            raise pytest.UsageError(f"pytest-nccl SPMD mode: rank {l.rank} cannot reach the launcher's store at "
+                                    f"{l.master_addr}:{l.master_port}: {type(exc).__name__}: {exc}") from None
+
+    def set(self, key: str, value) -> None:
+        safe_set(self.store, key, value, self.debug)
+
+    def ensure(self, bound: float) -> None:
+        """The default process group, over the launcher's store (prefix ``pg<gen>/``), with the bound
+        plus a margin as its timeout (so our bound fires first); created again after a failed test,
+        after a test that destroyed it, or when a test needs a longer timeout. Every rank decides alike
+        (the verdicts and bounds are the same everywhere), so they meet under the same prefix."""
+        import torch
+        import torch.distributed as dist
+        want = bound + TIMING.pg_timeout_margin
+        initialized = dist.is_initialized()
+        if initialized and not self.need_group and self.pg_timeout >= want:
+            return
+        if initialized:
+            try:
+                dist.destroy_process_group()
+            except Exception as exc:
+                self.debug(f"destroy_process_group: {type(exc).__name__}: {exc}")
+        self.gen += 1
+        store = dist.PrefixStore(f"pg{self.gen}/", self.store)
+        kwargs = {}
+        if self.backend == "nccl":
+            torch.cuda.set_device(self.launch.local_rank)
+            kwargs["device_id"] = torch.device("cuda", self.launch.local_rank)
+        t0 = time.monotonic()
+        try:
+            self._base.set_timeout(datetime.timedelta(seconds=max(GROUP_WAIT_MIN, bound)))
+            dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.world,
+                                    timeout=datetime.timedelta(seconds=want), **kwargs)
+        except Exception as exc:
+            self.need_group = True
+            raise RankSetupError(f"pytest-nccl: rank {self.rank} could not create the {self.backend} process group "
+                                 f"(generation {self.gen}): {type(exc).__name__}: {exc}") from None
+        finally:
+            try:
+                self._base.set_timeout(datetime.timedelta(seconds=COLLECT_WAIT))
+            except Exception:
+                pass
+        self.need_group = False
+        self.pg_timeout = want
+        self.debug(f"process group pg{self.gen}/ ({self.backend}, timeout {want:g} s) in "
+                   f"{time.monotonic() - t0:.2f} s")
+
+    def destroy(self) -> None:
+        if self.need_group:
+            return
+        try:
+            import torch.distributed as dist
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:
+            pass
+
+    def abort(self, run) -> None:
+        """Release this rank from the test: shut down its established TCP connections except those
+        to the launcher's store (gloo collectives, TCPStore rendezvous), abort NCCL's communicators,
+        interrupt the main thread when it runs a fixture or the body."""
+        count = abort_connections({self.launch.master_port})
+        self.debug(f"abort {run.nodeid}: shut down {count} connections")
+        if self.backend == "nccl":
+            try:
+                from torch.distributed.distributed_c10d import _abort_process_group
+                _abort_process_group()
+            except Exception as exc:
+                self.debug(f"_abort_process_group: {type(exc).__name__}: {exc}")
+        if run.running:
+            run.interrupt = True
+            if run.user_depth > 0:
+                try:
+                    signal.pthread_kill(threading.main_thread().ident, INTERRUPT_SIGNAL)
+                except (OSError, ValueError):
+                    pass
+
+    def abandon(self, run) -> None:
+        """This rank's main thread could not be released (a C++ wait without a socket or a timeout):
+        the session stops after this test on every rank. Leave once rank 0 is done with its report."""
+        self.say(f"could not be released from {run.nodeid} within {TIMING.release_wait:g} s after its bound; "
+                 "this rank leaves once rank 0 has written its report")
+        store = self.wstore
+        session = run.sp
+        session.finishing = True
+        session.done_published = True
+        safe_set(store, DONE.format(self.rank), json.dumps(session.failed_here))
+        poll(lambda: store.check([BYE]) or run.finished.is_set(), time.monotonic() + FINISH_WAIT + VERDICT_MARGIN)
+        if run.finished.is_set():
+            return  # the main thread came back after all
+        safe_set(store, LEFT.format(self.rank), "1")
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:
+            pass
+        os._exit(STUCK_EXIT_CODE)
+
+    def leave_together(self) -> None:
+        """Ranks leave together, rank 0 last: the others wait until rank 0 has written its report
+        (the launcher stops every rank when one exits with an error), rank 0 until they have left."""
+        if self.rank == 0:
+            self.set(BYE, "1")
+            waiting = set(range(1, self.world))
+
+            def everyone_left() -> bool:
+                waiting.difference_update({r for r in waiting if self.store.check([LEFT.format(r)])})
+                return not waiting
+
+            poll(everyone_left, time.monotonic() + FINISH_WAIT)
+        else:
+            poll(lambda: self.store.check([BYE]), time.monotonic() + FINISH_WAIT)
+            self.set(LEFT.format(self.rank), "1")
+
+    def wait_done(self, limit: float) -> dict:
+        """rank -> the unmarked tests that failed there, for every rank that finished within ``limit``."""
+        done: dict[int, list] = {}
+
+        def all_done() -> bool:
+            for r in range(self.world):
+                if r not in done and self.store.check([DONE.format(r)]):
+                    done[r] = json.loads(self.store.get(DONE.format(r)))
+            return len(done) == self.world
+
+        poll(all_done, time.monotonic() + limit)
+        return done

@@ -1,0 +1,501 @@
+"""The SPMD session on this rank: the pytest hooks of a launched pytest process, the per-test protocol
+(begin, run the body, publish the outcome, take rank 0's verdict), quiet ranks, signals.
+
+See ``spmd/__init__.py`` for the whole picture. Registered as a plugin object named ``nccl-spmd``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+
+import pytest
+
+from ..diagnose import Diagnosis
+from ..errors import NcclUsageError, RankSetupError
+from ..records import RankState, Verdict
+from ..report import NcclLongRepr
+from ..session import exception_class, item_budget, item_outcome, record_failure
+from ..settings import parse_marker, place
+from .collection import collection_difference
+from .group import INTERRUPT_SIGNAL, LaunchedGroup
+from .launch import Launch
+from .store import COLLECT, COLLECT_WAIT, DONE, FINISH_WAIT, poll
+from .outcomes import body_outcome, setup_outcome
+from .testrun import TestRun, read_fd
+
+
+class BoundReached(BaseException):
+    """Raised in a rank's main thread when the test's bound was reached and the rank is still in
+    the body outside any collective (a BaseException: ``except Exception`` in the test keeps it)."""
+
+
+def bound_of(item, nccl) -> float:
+    """The test's bound as the plugin computes it (marker timeout, session timeout, pytest-timeout)."""
+    timeout = nccl.settings.timeout
+    try:
+        args = parse_marker(item)
+    except NcclUsageError:
+        args = None
+    if args is not None and args.timeout is not None:
+        timeout = args.timeout
+    return item_budget(item, timeout).bound()
+
+
+class SpmdSession:
+    """Per launched pytest process: the store, the process group, the per-test protocol. Registered
+    as a plugin object named ``nccl-spmd``."""
+
+    def __init__(self, config: pytest.Config, nccl, launch: Launch):
+        self.config, self.nccl, self.launch = config, nccl, launch
+        self.rank, self.world = launch.rank, launch.world
+        try:
+            placement = place(nccl.settings.backend, launch.local_world, nccl.devices())
+        except NcclUsageError as exc:
+            raise pytest.UsageError(f"pytest-nccl SPMD mode: {exc}") from None
+        # like plugin mode's auto: NCCL when this node has a CUDA device for every local rank
+        self.backend, self.backend_why = placement.backend, placement.why
+        self.group = LaunchedGroup(launch, self.backend, self.debug, self.say)
+        self.run: TestRun | None = None        # the marked test in progress on this rank
+        self.last_run: TestRun | None = None
+        self.last_nodeid: str | None = None
+        self.counts: dict[str, int] = {}
+        self.collected = False
+        self.done_published = False
+        self.finishing = False                 # the session is over here: SIGTERM is ignored
+        self.sigterm_seen = False
+        self.failed_here: list[str] = []       # unmarked tests that failed on this rank
+        self.elsewhere: dict[str, list[int]] = {}  # rank 0: nodeid -> ranks where only they failed
+        self.debug_on = os.environ.get("PYTEST_NCCL_DEBUG", "") not in ("", "0")
+        self._err_fd = os.dup(2)               # the real stderr, also while pytest captures
+        if nccl.settings.trace:
+            from .. import tracer
+            tracer.install()  # before the test modules bind the collectives
+        if self.rank != 0:
+            self._quiet()
+        self._install_signal()
+
+    def _quiet(self) -> None:
+        """Ranks other than 0 show nothing: rank 0 reports for every rank. No terminal reporter (the
+        name is blocked before pytest registers it), JUnit XML, gate report or trace dir."""
+        config = self.config
+        config.pluginmanager.set_blocked("terminalreporter")
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:  # registered already (another plugin order)
+            config.pluginmanager.unregister(reporter)
+            config.pluginmanager.set_blocked("terminalreporter")
+        for name in ("xmlpath", "nccl_report"):
+            if hasattr(config.option, name):
+                setattr(config.option, name, None)
+        self.nccl.settings = dataclasses.replace(self.nccl.settings, trace_dir=None, report=None)
+        try:
+            from _pytest.junitxml import xml_key
+            xml = config.stash.get(xml_key, None)
+            if xml is not None:
+                del config.stash[xml_key]
+                config.pluginmanager.unregister(xml)
+        except Exception:
+            pass
+
+    def _install_signal(self) -> None:
+        try:
+            self._previous_sigterm = signal.getsignal(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+            signal.signal(INTERRUPT_SIGNAL, self._on_interrupt)
+        except ValueError:  # not the main thread
+            pass
+
+    def _on_sigterm(self, signum, frame):
+        """The launcher stops every rank when one exits with an error (or died): say in one line
+        which test this rank was in, then go. Once the session is over here, ignore it: this rank
+        leaves on its own, with its own exit code."""
+        self.sigterm_seen = True
+        if self.finishing:
+            return
+        run = self.run
+        if run is not None:
+            where = f"during {run.nodeid}"
+            try:
+                left = [r for r in range(self.world) if not self.group.store.check([run.keys.outcome(r)])]
+                where += (" (another rank's process ended, or the job was cancelled); ranks that had not "
+                          f"finished it: {','.join(map(str, left)) or 'none'}")
+            except Exception:
+                where += " (another rank's process ended, or the job was cancelled)"
+        elif self.last_nodeid is not None:
+            where = f"after {self.last_nodeid}"
+        else:
+            where = "before its first distributed test"
+        try:
+            capman = self.config.pluginmanager.get_plugin("capturemanager")
+            if capman is not None:
+                capman.suspend_global_capture(in_=True)
+        except Exception:
+            pass
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        self.say(f"the launcher stopped this rank (SIGTERM) {where}")
+        os._exit(128 + signum)
+
+    def _on_interrupt(self, signum, frame):
+        """INTERRUPT_SIGNAL: the bound was reached and the decider aborted the test. Raise in the main
+        thread only while a fixture or the body runs (elsewhere pytest would see an INTERNALERROR)."""
+        run = self.run
+        if run is None or not run.interrupt or run.user_depth <= 0 or not run.running:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            return
+        run.interrupt = False  # once: the test may go on to clean up
+        run.bound_reached = True
+        raise BoundReached(f"pytest-nccl: the test's {run.bound:g} s bound was reached on rank {self.rank} "
+                           "(it was interrupted outside any collective)")
+
+    @contextlib.contextmanager
+    def _user_code(self, run: TestRun):
+        """Marks fixture set-up and the body: the only places the interrupt signal may raise."""
+        if run.bound_reached or run.interrupt:
+            run.interrupt = False
+            raise BoundReached(f"pytest-nccl: the test's {run.bound:g} s bound was reached on rank {self.rank}")
+        run.user_depth += 1
+        try:
+            yield
+        finally:
+            run.user_depth -= 1
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(self, fixturedef, request):
+        run = self.run
+        if run is None or not run.running:
+            return (yield)
+        with self._user_code(run):
+            return (yield)
+
+    def debug(self, text: str) -> None:
+        if self.debug_on:
+            self._write(f"[pytest-nccl rank {self.rank} debug] {text}")
+
+    def say(self, text: str) -> None:
+        self._write(f"[pytest-nccl rank {self.rank}] {text}")
+
+    def _write(self, line: str) -> None:
+        try:
+            os.write(self._err_fd, (line + "\n").encode("utf-8", "replace"))
+        except OSError:
+            pass
+
+    # -- Mode (session.Mode) ----------------------------------------------------------------------------
+    def session_started(self, session) -> None:
+        pass  # this process is the rank: nothing to start ahead
+
+    def collection_finished(self, session) -> None:
+        pass
+
+    def controller_world(self, request):
+        pytest.skip("nccl_world drives a group the plugin starts; under a launcher (SPMD mode) there is none: "
+                    "run this test with plain pytest, or mark it @pytest.mark.nccl")
+
+    def run_item(self, item: pytest.Function) -> bool:
+        return self.run_test(item)
+
+    def close(self) -> None:
+        pass  # the launcher owns the processes; pytest_unconfigure leaves with the others
+
+    def fixture_value(self, name: str, request=None):
+        """The rank-side fixtures, with their real values: this process is the rank."""
+        if name == "rank":
+            return self.rank
+        if name == "world_size":
+            return self.world
+        if name == "backend":
+            return self.backend
+        if name == "device":
+            import torch
+            if self.backend == "nccl":
+                return torch.device("cuda", self.launch.local_rank)
+            return torch.device("cpu")
+        raise KeyError(name)
+
+    def header(self) -> str:
+        l = self.launch
+        return (f"nccl: SPMD mode: rank {l.rank} of {l.world} launched by {l.launcher}, backend {self.backend} "
+                f"({self.backend_why}), timeout {self.nccl.settings.timeout:g} s, "
+                f"trace {'on' if self.nccl.settings.trace else 'off'}")
+
+    def pytest_sessionstart(self, session) -> None:
+        self.group.connect()
+        self.debug(f"connected to {self.launch.master_addr}:{self.launch.master_port} ({self.launch.launcher})")
+
+    def pytest_collection_finish(self, session) -> None:
+        """Every rank must run the same tests in the same order: publish this rank's test ids, compare;
+        a difference stops the session on every rank (exit code 4, a usage error)."""
+        store = self.group.store
+        if store is None:
+            return
+        ids = [item.nodeid for item in session.items]
+        self.group.set(COLLECT.format(self.rank), json.dumps({"ids": ids, "errors": session.testsfailed}))
+        self.collected = True
+        lists: dict[int, dict] = {}
+        gone: list[int] = []
+        waiting = set(range(self.world))
+
+        def everyone_collected() -> bool:
+            for r in sorted(waiting):
+                if store.check([COLLECT.format(r)]):
+                    data = json.loads(store.get(COLLECT.format(r)))
+                    if data.get("gone"):
+                        gone.append(r)
+                    else:
+                        lists[r] = data
+                    waiting.discard(r)
+            return not waiting
+
+        poll(everyone_collected, time.monotonic() + COLLECT_WAIT)
+        message = collection_difference(lists, self.world, sorted(gone))
+        if message:
+            if self.rank != 0:
+                self.say(message)
+            pytest.exit(message, returncode=pytest.ExitCode.USAGE_ERROR)
+
+    def pytest_runtest_setup(self, item):
+        """A marked test starts here, before its fixtures: the group exists, the trace and the bound
+        cover the set-up."""
+        if item.get_closest_marker("nccl") is None or not isinstance(item, pytest.Function):
+            return
+        try:
+            reason = self._runs_here(item)
+            bound = bound_of(item, self.nccl)
+        except NcclUsageError:
+            return  # the plugin's pytest_pyfunc_call reports it, on every rank alike
+        if reason:
+            raise pytest.skip.Exception(reason, _use_item_location=True)
+        self.group.ensure(bound)
+        self._begin(item, bound)
+
+    def _runs_here(self, item) -> str | None:
+        """Why this test cannot run on the launched group (its world or backend differ), or None."""
+        args = parse_marker(item)
+        if args.world is not None:
+            world = args.world
+            if world != self.world:
+                return (f"pytest-nccl: {item.name} needs world {world}; the launched group has {self.world} "
+                        f"rank{'s' if self.world != 1 else ''}")
+        if args.backend is not None:
+            backend = args.backend
+            if backend != "auto" and backend != self.backend:
+                return f"pytest-nccl: {item.name} needs backend {backend}; the launched group runs {self.backend}"
+        return None
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        rep = yield
+        run = self.run
+        if run is not None and run.running and run.nodeid == item.nodeid and call.when in ("setup", "call"):
+            if not (call.when == "setup" and rep.passed):
+                # this rank will not run the body (its set-up failed or skipped): it still takes part
+                self._join_without_body(item, rep, call)
+        return rep
+
+    def _setup_failure_report(self, item, rep, decided: Verdict) -> None:
+        """The report of a rank that did not run the body, from the verdict: rank 0's carries the
+        combined report, the others' stays quiet."""
+        if not decided.failed:
+            return
+        if decided.stop:
+            item.session.shouldstop = decided.stop
+        rep.outcome = "failed"
+        run = self.last_run
+        if self.rank != 0 or run is None or run.result is None or run.result[1] is None:
+            rep.longrepr = decided.headline if self.rank != 0 else f"pytest-nccl: {decided.headline}"
+            return
+        result, diag, report = run.result
+        before = len(item.user_properties)
+        self._record_failure(item, result, diag, decided)
+        rep.user_properties.extend(item.user_properties[before:])
+        rep.longrepr = NcclLongRepr(diag.headline, report, str(item.path), (item.location[1] or 0) + 1)
+        for view in result.ranks:
+            if view.output.strip():
+                rep.sections.append((f"Captured output rank {view.rank}", view.output))
+
+    def pytest_runtest_logreport(self, report) -> None:
+        if report.failed and "nccl" not in report.keywords and report.nodeid not in self.failed_here:
+            self.failed_here.append(report.nodeid)
+        if report.when == "teardown":
+            self.last_nodeid = report.nodeid
+
+    def pytest_sessionfinish(self, session, exitstatus) -> None:
+        """Publish what failed here; rank 0 waits for every rank to finish, to name in its summary the
+        tests that failed only on other ranks."""
+        if self.group.store is None:
+            return
+        self.finishing = True
+        self._publish_done()
+        if self.rank != 0:
+            return
+        done = self.group.wait_done(FINISH_WAIT)
+        mine = set(self.failed_here)
+        for r, failed in sorted(done.items()):
+            for nodeid in failed:
+                if nodeid not in mine:
+                    self.elsewhere.setdefault(nodeid, []).append(r)
+        if self.elsewhere and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _publish_done(self) -> None:
+        if not self.done_published:
+            self.done_published = True
+            self.group.set(DONE.format(self.rank), json.dumps(self.failed_here))
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        """Rank 0 names the tests that failed only on other ranks (unmarked tests run on every rank
+        on their own; only rank 0 reports)."""
+        if self.rank != 0 or not self.elsewhere:
+            return
+        terminalreporter.write_sep("=", "pytest-nccl: failed on other ranks only", red=True, bold=True)
+        for nodeid, ranks in self.elsewhere.items():
+            terminalreporter.write_line(f"FAILED {nodeid} on {'ranks' if len(ranks) > 1 else 'rank'} "
+                                        f"{','.join(map(str, ranks))} (their output is not shown: run that "
+                                        "test on its own to see it)")
+
+    def pytest_unconfigure(self, config) -> None:
+        """Ranks leave together, rank 0 last: the others wait until rank 0 has written its report
+        (the launcher stops every rank when one exits with an error), rank 0 until they have left.
+        SIGTERM from the launcher is ignored from here on, so that every rank's exit code is its own."""
+        self.finishing = True
+        try:
+            # ignored in C: Python's own handlers are reset while the interpreter shuts down
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        except ValueError:
+            pass
+        if self.group.store is None:
+            return
+        if not self.collected:
+            self.group.set(COLLECT.format(self.rank), json.dumps({"gone": True}))
+            self.collected = True
+        self._publish_done()
+        self.group.leave_together()
+        self.group.destroy()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+
+    def _key(self, nodeid: str) -> str:
+        n = self.counts[nodeid] = self.counts.get(nodeid, 0) + 1
+        digest = hashlib.sha1(nodeid.encode("utf-8", "replace")).hexdigest()[:16]
+        return f"t/{digest}/{n}"
+
+    def _begin(self, item, bound: float) -> None:
+        run = TestRun(self, item.nodeid, self._key(item.nodeid), bound)
+        run.running = True
+        if self.nccl.settings.trace:
+            from .. import tracer
+            tracer.start(run.journal_path)
+            run.tracing = True
+        self.run = run
+        self.last_run = run
+        try:
+            run.start()
+        except Exception:
+            self._end_trace(run)
+            run.running = False
+            self.run = None
+            run.close()
+            raise
+
+    def _end_trace(self, run: TestRun) -> tuple[dict, int]:
+        if not run.tracing:
+            return {}, 0
+        run.tracing = False
+        from .. import tracer
+        try:
+            return tracer.stop()
+        except Exception as exc:
+            self.debug(f"tracer.stop: {type(exc).__name__}: {exc}")
+            return {}, 0
+
+    def _end(self, run: TestRun, outcome: dict) -> Verdict:
+        """This rank is done with the test: publish its outcome, wait for rank 0's verdict."""
+        import torch.distributed as dist
+        run.running = False
+        digest, dangling = self._end_trace(run)
+        outcome.update(digest=digest, dangling=dangling, t_end=time.time(),
+                       journal=read_fd(run.journal_path).decode("utf-8", "replace"),
+                       initialized=dist.is_initialized())
+        outcome.setdefault("output", "")
+        self.group.set(run.keys.outcome(self.rank), pickle.dumps(outcome))
+        decided = run.wait_verdict()
+        run.close()
+        try:
+            os.close(run.journal_fd)
+        except OSError:
+            pass
+        self.run = None
+        if decided.recreate or decided.failed or dangling:
+            self.group.need_group = True
+        return decided
+
+    def run_test(self, item: pytest.Function) -> bool:
+        """The body of a marked test on this rank (from the plugin's pytest_pyfunc_call)."""
+        __tracebackhide__ = True
+        run = self.run
+        if run is None or run.nodeid != item.nodeid or not run.running:
+            raise RankSetupError(f"pytest-nccl: rank {self.rank} has no distributed run for {item.nodeid} "
+                                 "(its set-up did not start one)")
+        outcome, exc = body_outcome(item, self.config, self._user_code(run))
+        decided = self._end(run, outcome)
+        return self._apply(item, run, decided, exc)
+
+    def _record_failure(self, item, result, diag, decided: Verdict) -> None:
+        """Rank 0: headline for the JUnit XML, the gate report and --nccl-trace-dir."""
+        record_failure(item, self.nccl, diag, decided.exception, self.backend, result, on_error=self.say)
+
+    def _apply(self, item, run: TestRun, decided: Verdict, raise_failure) -> bool:
+        """The same outcome on every rank: pass, skip, xfail, or the one exception of the verdict
+        (rank 0 with the combined report, the others quietly). ``raise_failure``: this rank's own
+        exception, re-raised when it already is the verdict (a skip, an xfail)."""
+        __tracebackhide__ = True
+        if run.result is not None:
+            item_outcome(item).result = run.result[0]
+        if decided.status == RankState.PASSED:
+            return True
+        if decided.status == RankState.SKIPPED:
+            if raise_failure is not None and type(raise_failure).__name__ == "Skipped":
+                raise raise_failure
+            raise pytest.skip.Exception(decided.message or "skipped on every rank", _use_item_location=True)
+        if decided.status == RankState.XFAILED:
+            if raise_failure is not None and type(raise_failure).__name__ == "XFailed":
+                raise raise_failure
+            pytest.xfail(decided.message or "xfail on every rank")
+        if decided.stop:
+            item.session.shouldstop = decided.stop
+        exc_class = exception_class(decided.exception)
+        if self.rank == 0 and run.result is not None and run.result[1] is not None:
+            result, diag, report = run.result
+            self._record_failure(item, result, diag, decided)
+            raise exc_class(diag.headline, diag, report)
+        diag = Diagnosis(decided.kind or "setup", decided.headline)
+        if self.rank == 0:
+            record_failure(item, self.nccl, diag, exc_class.__name__, self.backend)
+        raise exc_class(decided.headline, diag, "")
+
+    def _join_without_body(self, item, rep, call=None) -> None:
+        """This rank's set-up failed or skipped (or the body was never called): publish that as its
+        outcome, wait for the verdict like the ranks that run the body, and report it."""
+        run = self.run
+        outcome = setup_outcome(item, rep, call)
+        decided = self._end(run, outcome)
+        self._setup_failure_report(item, rep, decided)
+
+
+

@@ -1,0 +1,98 @@
+"""SPMD mode's use of the launcher's store: the key schema, and the one polling helper.
+
+Every key lives under ``pytest-nccl/<run id>/<restart>/`` (a PrefixStore):
+
+    collect/<rank>            the rank's collected test ids (JSON), or {"gone": true}
+    end/done/<rank>           unmarked tests that failed on that rank (JSON), at the end
+    end/bye                   rank 0 has written its report
+    end/left/<rank>           the rank has left
+    pg<gen>/...               the default process group of generation <gen>
+    t/<nodeid hash>/<n>/...   one run of a marked test: ``TestKeys``
+"""
+
+from __future__ import annotations
+
+import time
+
+POLL_MAX = 0.05               # slowest store polling interval (starts at 2 ms, doubles)
+JOURNAL_PUSH = 0.1            # how often a running rank appends its journal to the store
+VERDICT_MARGIN = 30.0         # a rank gives rank 0 this long past the bound before giving up
+COLLECT_WAIT = 600.0          # for the other ranks to finish collecting (imports can be slow)
+FINISH_WAIT = 120.0           # at the end, for the other ranks to finish the session
+GROUP_WAIT_MIN = 30.0         # for every rank to come to a (re-)created process group
+
+COLLECT = "collect/{}"
+DONE = "end/done/{}"
+BYE = "end/bye"
+LEFT = "end/left/{}"
+
+
+class TestKeys:
+    """The keys of one run of a marked test, under ``t/<hash>/<n>/``."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+
+    def _k(self, name: str) -> str:
+        return f"{self.prefix}/{name}"
+
+    def start(self, rank: int) -> str:       # the rank entered the test (its wall-clock start)
+        return self._k(f"start/{rank}")
+
+    def journal(self, rank: int) -> str:     # the rank's journal lines so far (appended)
+        return self._k(f"journal/{rank}")
+
+    def journal_length(self, rank: int) -> str:
+        return self._k(f"jlen/{rank}")
+
+    def outcome(self, rank: int) -> str:     # how the test ended on the rank (pickled dict)
+        return self._k(f"out/{rank}")
+
+    def snapshot(self, rank: int) -> str:    # stacks and journal of a rank still in the test
+        return self._k(f"snap/{rank}")
+
+    @property
+    def decision(self) -> str:               # rank 0 decided: every rank still in the test snapshots
+        return self._k("decision")
+
+    @property
+    def abort(self) -> str:                  # every rank releases itself from the test
+        return self._k("abort")
+
+    @property
+    def verdict(self) -> str:                # rank 0's verdict (pickled Verdict)
+        return self._k("verdict")
+
+
+def naps(limit: float = POLL_MAX):
+    """Polling intervals: 2 ms, doubling up to ``limit``."""
+    interval = 0.002
+    while True:
+        yield interval
+        interval = min(limit, interval * 2)
+
+
+def poll(ready, until: float) -> bool:
+    """Call ``ready()`` at growing intervals until it is true (True) or ``until`` passes (False). A
+    store error (its host left) ends the wait as False."""
+    for nap in naps():
+        try:
+            if ready():
+                return True
+        except Exception:
+            return False
+        left = until - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(nap, left))
+    return False
+
+
+def safe_set(store, key: str, value, on_error=None) -> None:
+    try:
+        store.set(key, value)
+    except Exception as exc:
+        if on_error is not None:
+            on_error(f"store set {key}: {type(exc).__name__}: {exc}")

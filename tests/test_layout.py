@@ -1,0 +1,97 @@
+"""The package's layout rules (../shared/DESIGN.md), checked on the source: no import cycle, the rank
+side imports nothing of the controller side, the pure modules import neither torch nor processes,
+nothing imports the plugin's hooks, no file far over 500 lines."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "pytest_nccl"
+# What every forked rank imports: small, fast to load, nothing of the controller side.
+RANK_SIDE = {"rank", "tracer", "journal", "protocol", "stacks", "zygote", "records", "errors"}
+# Pure: tested on data with a fake clock; no torch, no processes, no sockets.
+PURE = {"referee", "diagnose", "records", "flight", "settings"}
+PURE_FORBIDDEN = {"torch", "subprocess", "socket", "multiprocessing", "threading", "signal"}
+MAX_LINES = 520
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PKG).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> tuple[set, set]:
+    """(modules of this package it imports, anywhere in the file; external top-level names)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    ours, external = set(), set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".") if package else []
+                base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+                target = ".".join(base + ([node.module] if node.module else []))
+                for alias in node.names:
+                    candidate = f"{target}.{alias.name}" if target else alias.name
+                    ours.add(candidate if (PKG / (candidate.replace(".", "/") + ".py")).exists()
+                             or (PKG / candidate.replace(".", "/")).is_dir() else target)
+            elif node.module and node.module.startswith("pytest_nccl"):
+                ours.add(node.module.removeprefix("pytest_nccl").lstrip("."))
+            elif node.module:
+                external.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("pytest_nccl"):
+                    ours.add(alias.name.removeprefix("pytest_nccl").lstrip("."))
+                else:
+                    external.add(alias.name.split(".")[0])
+    ours.discard("")
+    return ours, external
+
+
+MODULES = {module_name(p): p for p in PKG.rglob("*.py")}
+GRAPH = {name: imports_of(path)[0] & set(MODULES) for name, path in MODULES.items()}
+
+
+def test_no_import_cycle():
+    state: dict = {}
+
+    def visit(node, trail):
+        if state.get(node) == "done":
+            return
+        assert state.get(node) != "open", "import cycle: " + " -> ".join(trail + [node])
+        state[node] = "open"
+        for dep in sorted(GRAPH[node]):
+            if dep != node and not node.startswith(dep + "."):  # a package's own __init__ is not a cycle
+                visit(dep, trail + [node])
+        state[node] = "done"
+
+    for name in sorted(GRAPH):
+        visit(name, [])
+
+
+@pytest.mark.parametrize("name", sorted(RANK_SIDE))
+def test_rank_side_imports_only_the_rank_side(name):
+    assert GRAPH[name] <= RANK_SIDE, f"{name} imports {sorted(GRAPH[name] - RANK_SIDE)}"
+
+
+@pytest.mark.parametrize("name", sorted(PURE))
+def test_pure_modules_import_no_torch_and_start_nothing(name):
+    external = imports_of(MODULES[name])[1]
+    assert not external & PURE_FORBIDDEN, f"{name} imports {sorted(external & PURE_FORBIDDEN)}"
+    assert GRAPH[name] <= PURE | {"errors", "journal"}, f"{name} imports {sorted(GRAPH[name] - PURE)}"
+
+
+def test_nothing_imports_the_plugin():
+    importers = sorted(n for n, deps in GRAPH.items() if "plugin" in deps)
+    assert not importers, importers
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_file_far_over_500_lines(name):
+    lines = len(MODULES[name].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{MODULES[name]} has {lines} lines"
