@@ -162,6 +162,9 @@ def is_clean(views: list[RankView], reason: Reason, digests: dict | None) -> boo
 def verdict(views: list[RankView], reason: Reason, bound: float) -> Diagnosis:
     """The diagnosis of a call that is not clean; never None."""
     diag = diagnose(views, reason, bound)
+    if diag is None and reason == Reason.TIMEOUT and all(v.status in CLEAN_STATES for v in views):
+        diag = Diagnosis("timeout", f"the test took longer than its {bound:g} s bound: every rank finished "
+                         "it, but only after the bound (raise the bound, or make the test shorter)")
     if diag is None:
         diag = Diagnosis("rank-raised", "the ranks disagree on the outcome: "
                          + ", ".join(f"rank {v.rank} {v.status}" for v in views))

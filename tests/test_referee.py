@@ -190,3 +190,30 @@ def test_verdict_always_has_a_diagnosis():
 def test_states_print_as_their_values():
     assert f"{RankState.NOT_STARTED}" == "not-started" and str(Reason.TIMEOUT) == "timeout"
     assert RankState.of_outcome("error") is RankState.FAILED
+
+
+def test_an_outcome_that_arrives_during_a_dump_request_reaches_the_referee():
+    """The forked transport reads rank messages in several places (the main loop, the Flight Recorder
+    poll, the stack request): an outcome read in any of them must reach the referee, or it waits for
+    a rank that has long finished until the bound (seen: ZeRO-3 at world 4, 'every rank passed' after
+    a 90 s timeout)."""
+    from multiprocessing import Pipe
+    from types import SimpleNamespace
+
+    from pytest_nccl.forked.group import RankGroup, _CallState
+    from pytest_nccl.protocol import Call, Outcome, Status
+
+    ours, theirs = Pipe()
+    state = _CallState(Call(7, "test"), 2, 0.0, 0)
+    state.referee = Referee(2, bound=60, t0=0.0)
+    state.live = {1: ours}
+    theirs.send(("outcome", Outcome(7, 1, Status.PASSED)))
+    RankGroup._receive(SimpleNamespace(conns={1: ours}), ours, state)   # as _request_dumps calls it
+    assert state.referee.states == {1: RankState.PASSED} and 1 not in state.live
+
+
+def test_ranks_that_finish_only_after_the_bound_are_a_timeout_not_a_disagreement():
+    views = [RankView(r, status=RankState.PASSED) for r in range(2)]
+    diag = verdict(views, Reason.TIMEOUT, 90)
+    assert diag.exception_name == "CollectiveTimeout"
+    assert diag.headline.startswith("the test took longer than its 90 s bound: every rank finished it")

@@ -42,6 +42,7 @@ class _CallState:
         self.fr_pickle: dict[int, bytes] = {}
         self.pending_dumps: set = set()
         self.want_stacks = False
+        self.referee: Referee | None = None
 
 
 class RankGroup:
@@ -149,7 +150,7 @@ class RankGroup:
         self.used = True
         call.call_id = next(self.calls)
         state = _CallState(call, self.world, time.monotonic(), time.time_ns())
-        referee = Referee(self.world, bound, state.t0, trace=call.trace, flight_recorder=True)
+        referee = state.referee = Referee(self.world, bound, state.t0, trace=call.trace, flight_recorder=True)
         view = _ForkedCallView(self, state)
         offsets = {r: _size(self.output_path(r)) for r in range(self.world)}
         for conn in self.conns.values():
@@ -171,9 +172,9 @@ class RankGroup:
                 if obj is self.zygote.conn:
                     self.zygote.drain()
                 else:
-                    self._receive(obj, state, referee)
+                    self._receive(obj, state)
         if reason == Reason.DECIDED and referee.settle:
-            self._settle(state, referee)
+            self._settle(state)
         if state.live:
             # stacks of the ranks still running; Flight Recorder of every rank that can answer
             state.fr_json.clear()
@@ -210,7 +211,7 @@ class RankGroup:
         result.fr_json, result.fr_pickle = dict(state.fr_json), dict(state.fr_pickle)
         return result
 
-    def _settle(self, state: "_CallState", referee: Referee) -> None:
+    def _settle(self, state: "_CallState") -> None:
         """The call is decided; give ranks that are outside any collective a moment to finish too,
         so the report says "ranks 1,2 left the test" rather than catching one of them mid-return."""
         deadline = time.monotonic() + TIMING.settle
@@ -220,10 +221,12 @@ class RankGroup:
                 return  # everyone still running waits in a collective: nothing more will come
             timeout = max(0.0, min(TIMING.poll, deadline - time.monotonic()))
             for obj in wait(list(state.live.values()), timeout=timeout):
-                self._receive(obj, state, referee)
+                self._receive(obj, state)
 
-    def _receive(self, conn: Connection, state: "_CallState", referee: Referee | None = None) -> None:
-        """Take one message from a rank during a call; outcomes and deaths go to the referee."""
+    def _receive(self, conn: Connection, state: "_CallState") -> None:
+        """Take one message from a rank during a call; outcomes and deaths go to the call's referee,
+        wherever they arrive (also while a Flight Recorder or stack request waits for answers)."""
+        referee = state.referee
         rank = next(r for r, c in self.conns.items() if c is conn)
         try:
             msg = conn.recv()
