@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 
 from .diagnose import Diagnosis, members_of, short_path
-from .records import CollectiveRecord, RankState, RankView
+from .records import P2P_OPS, CollectiveRecord, RankState, RankView
 from .swimlane_page import PAGE
 from .timeline import position_of
 
@@ -90,7 +90,9 @@ def page_data(nodeid: str, ranks: list[RankView], diagnosis: Diagnosis | None, e
             recs = [p[i] if i < len(p) else None for p in per]
             ks = [kind_of(rec) for rec in recs]
             present = [rec for rec in recs if rec is not None]
-            agree = len(present) == len(recs) and len({rec.signature for rec in present}) == 1
+            # point-to-point ops pair different ops (send with recv): like the diagnosis, never compared
+            p2p = pg.endswith(":p2p") or all(rec.op in P2P_OPS for rec in present)
+            agree = len(present) == len(recs) and (p2p or len({rec.signature for rec in present}) == 1)
             match.append("1" if agree else "0")
             if len(set(ks)) == 1:
                 same.append(ks[0])

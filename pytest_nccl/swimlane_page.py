@@ -119,8 +119,8 @@ function main() {
   });
   ctx.font = FONT;
   const cw = ctx.measureText("0123456789").width / 10 || 6.6;
-  COL_W = Math.round(Math.min(210, Math.max(96, 14 + cw * styles.reduce(function (n, st) {
-    return Math.max(n, st.label.length); }, 0))));
+  COL_W = Math.round(Math.min(210, 14 + cw * styles.reduce(function (n, st) {  // "never entered", "#12 differ"
+    return Math.max(n, st.label.length); }, Math.max(15, 7 + String(D.kind).length))));
   for (const g of groups) {
     g.index = new Map(g.members.map(function (r, m) { return [r, m]; }));
     g.expanded = [];
@@ -264,7 +264,8 @@ function main() {
       if (col.t === "gap" || c === first) {  // group label, kept in view at the left edge
         let end = cols.length;
         for (let e = c + 1; e < cols.length; e++) if (cols[e].t === "gap") { end = e; break; }
-        const gx = Math.max(X + (col.t === "gap" ? W : 0), LABEL_W), gEnd = LABEL_W + xs[end] - sx;
+        const gx = Math.max(X + (col.t === "gap" ? W : 0), LABEL_W);
+        const gEnd = end === cols.length ? vw : LABEL_W + xs[end] - sx;  // the last group may run on
         const g = col.g, label = "group " + g.pg + " (" + g.members.length + " ranks, " + g.n + " collectives)";
         ctx.font = BOLD; ctx.fillStyle = "#24292f";
         ctx.fillText(fit(label, gEnd - gx - 8), gx + 4, 10);
@@ -440,7 +441,7 @@ function main() {
   body.dataset.divergingDrawn = pos ? (divDrawn ? pos.pg + "#" + pos.seq : "no") : "none";
   const total = groups.reduce(function (s, g) { return s + g.n; }, 0);
   $("foot").textContent = "drawn in " + ms.toFixed(0) + " ms  \u00b7  " + world + " ranks, " + total +
-    " positions, " + folded + " folded where every member agrees  \u00b7  pytest-nccl";
+    (total === 1 ? " position, " : " positions, ") + folded + " folded where every member agrees  \u00b7  pytest-nccl";
 }
 })();
 </script>

@@ -154,6 +154,11 @@ def test_page_data_folds_agreement_and_keeps_what_differs():
     assert data["ranks"][1]["exit"] == "killed by SIGABRT"
 
 
+def test_page_data_never_compares_point_to_point_ops():
+    ranks = [RankView(r, RankState.RUNNING, [rec(r, 1, "send" if r == 0 else "recv", pg="pg1[0,1]")]) for r in range(2)]
+    assert page_data("t", ranks, None, 1.0, 1.0)["groups"][0]["match"] == "1"
+
+
 def test_page_is_self_contained_and_escapes_what_it_shows():
     ranks, diag = shape_mismatch_call()
     ranks[2].message = "</script><script>alert(1)</script> <!-- &"
@@ -266,23 +271,29 @@ needs_chromium = pytest.mark.skipif(chromium() is None, reason="no Chromium foun
                                     "or set PYTEST_NCCL_CHROMIUM)")
 
 
-def render(page: Path, tmp_path: Path) -> tuple[dict, str]:
-    """Load the page headless; (the <body>'s data attributes once the page has run, console lines)."""
+def render(page: Path, tmp_path: Path, fragment: str = "") -> tuple[dict, str, str]:
+    """Load the page headless; (the <body>'s data attributes once the page has run, console lines,
+    the DOM)."""
     proc = subprocess.run([chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium'}", "--dump-dom",
-                           page.as_uri()], capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+                           page.as_uri() + fragment], capture_output=True, text=True, timeout=180,
+                          stdin=subprocess.DEVNULL)
     body = re.search(r"<body([^>]*)>", proc.stdout)
     assert proc.returncode == 0 and body, f"chromium exited {proc.returncode}: {proc.stderr[-3000:]}"
     attrs = dict(re.findall(r'data-([\w-]+)="([^"]*)"', body.group(1)))
     console = [line for line in proc.stderr.splitlines() if re.search(r":CONSOLE[:(]", line)]
-    return attrs, "\n".join(console)
+    return attrs, "\n".join(console), proc.stdout
 
 
 @needs_chromium
 def test_chromium_draws_the_real_failure(inner, tmp_path):
-    attrs, console = render(inner.traces / (BASE + ".html"), tmp_path)
+    attrs, console, dom = render(inner.traces / (BASE + ".html"), tmp_path, "#rank=3")
     assert not console, console           # the page logs nothing: any console line is an error
     assert "error" not in attrs, attrs["error"]
     assert attrs["drawn"] == "1" and attrs["diverging-drawn"] == "default#8", attrs
+    # the fragment opened rank 3: its record at the divergence and its stack, harness frames hidden
+    detail = dom.split('<section id="detail">', 1)[1].split("</section>", 1)[0]
+    assert "<h2>rank 3: " in detail and "rank 3  broadcast #8 of group default" in detail, detail
+    assert "test_views_inner.py" in detail and "zygote.py" not in detail, detail
 
 
 def synthetic_call(world: int = 64, n: int = 10_000, skip_rank: int = 7, skip_at: int = 5_000):
@@ -313,7 +324,7 @@ def test_a_64_rank_10000_collective_page_draws_within_the_bound(tmp_path):
     assert (diag.kind, diag.seq) == ("op-mismatch", 5_000)
     page = tmp_path / "big.html"
     page.write_text(swimlane_html("train.py::test_big", ranks, diag, 60.0, 60.0, "gloo"))
-    attrs, console = render(page, tmp_path)
+    attrs, console, _ = render(page, tmp_path)
     assert not console and "error" not in attrs, console or attrs["error"]
     assert attrs["diverging-drawn"] == "default#5000", attrs
     ms = float(attrs["render-ms"])
