@@ -35,6 +35,7 @@ import platform
 import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
+from urllib.parse import quote
 
 #: distributions the report names, in this order
 PACKAGES = ("trl", "transformers", "accelerate", "datasets", "deepspeed")
@@ -51,6 +52,7 @@ class TestResult:
     outcome: str  # passed, failed, error, skipped, xfailed, xpassed
     duration: float = 0.0
     headline: str | None = None
+    page: str | None = None  # the failure's swimlane page in --nccl-trace-dir (user property nccl_trace_page)
 
 
 @dataclass
@@ -163,6 +165,7 @@ def result_from_report(report: Any) -> TestResult | None:
     nodeid = getattr(report, "nodeid", "")
     props = dict(getattr(report, "user_properties", None) or [])
     headline = props.get("nccl_diagnosis")
+    page = props.get("nccl_trace_page")
     wasxfail = hasattr(report, "wasxfail")
     if when is None:  # CollectReport
         if not getattr(report, "failed", False):
@@ -171,7 +174,7 @@ def result_from_report(report: Any) -> TestResult | None:
     duration = float(getattr(report, "duration", 0.0) or 0.0)
     if report.failed:
         outcome = "failed" if when == "call" else "error"
-        return TestResult(nodeid, outcome, duration, headline or _crash(report))
+        return TestResult(nodeid, outcome, duration, headline or _crash(report), page)
     if report.skipped:
         return TestResult(nodeid, "xfailed" if wasxfail else "skipped", duration, None)
     if when == "call":
@@ -204,11 +207,31 @@ def _fmt_duration(s: float) -> str:
     return f"{s:.1f}s" if s < 90 else f"{int(s // 60)}m{int(s % 60):02d}s"
 
 
+def page_link(page: str, report_path: str | None = None) -> str:
+    """Where a failure's page is, seen from the report: relative to the report's folder (to the
+    current directory without one), as a markdown link target."""
+    base = os.path.dirname(os.path.abspath(report_path)) if report_path else os.getcwd()
+    try:
+        target = os.path.relpath(page, base)
+    except ValueError:  # another drive
+        target = page
+    return quote(target.replace(os.sep, "/"))
+
+
+def _links(page: str, report_path: str | None) -> str:
+    html = page_link(page, report_path)
+    trace = html[: -len(".html")] + ".trace.json" if html.endswith(".html") else None
+    text = f"[swimlane]({html})"
+    return text + (f" \u00b7 [Perfetto trace]({trace})" if trace else "")
+
+
 def render_report(env: Mapping[str, str], results: Sequence[TestResult], backend: str, world_size: int, *,
                   title: str = "pytest-nccl validation report", depth: int = 2,
-                  generated: _dt.datetime | None = None, command: str | None = None) -> str:
+                  generated: _dt.datetime | None = None, command: str | None = None,
+                  report_path: str | None = None) -> str:
     """The markdown report: overall verdict, environment, backend/world, a verdict per suite, and
-    each failure with its diagnosis headline."""
+    each failure with its diagnosis headline, linked to its swimlane page and Perfetto trace when
+    --nccl-trace-dir wrote them (``report_path``: where the report goes, for relative links)."""
     suites = group_suites(results, depth)
     n_fail = sum(s.count(*FAILED) for s in suites)
     overall = "FAIL" if any(s.verdict == "FAIL" for s in suites) else ("PASS" if any(
@@ -255,7 +278,12 @@ def render_report(env: Mapping[str, str], results: Sequence[TestResult], backend
             for r in fs:
                 what = "error" if r.outcome == "error" else "failed"
                 out.append(f"- {_code(r.nodeid)} ({what}, {_fmt_duration(r.duration)})  ")
-                out.append(f"  {_code(r.headline) if r.headline else '_no diagnosis headline_'}")
+                headline = _code(r.headline) if r.headline else "_no diagnosis headline_"
+                if r.page:
+                    out.append(f"  {headline}  ")
+                    out.append(f"  {_links(r.page, report_path)}")
+                else:
+                    out.append(f"  {headline}")
             out.append("")
     return "\n".join(out).rstrip() + "\n"
 

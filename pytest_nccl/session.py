@@ -8,6 +8,8 @@ holds the hooks and asks the session's mode.
 
 from __future__ import annotations
 
+import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -17,8 +19,10 @@ from . import errors
 from .diagnose import Diagnosis
 from .errors import DistributedTestFailure, NcclUsageError
 from .records import CallResult
-from .report import trace_json, write_trace_dir
+from .report import safe_filename, trace_json, write_trace_dir
 from .settings import Budget, Placement, Settings, budget_for, place
+from .swimlane import swimlane_html
+from .timeline import timeline_json
 
 
 class Mode(Protocol):
@@ -131,10 +135,38 @@ def record_failure(item, session: NcclSession, diag: Diagnosis, exception: str, 
     item.user_properties.extend([("nccl_diagnosis", diag.headline), ("nccl_diagnosis_kind", diag.kind),
                                  ("nccl_exception", exception)])
     if session.settings.trace_dir and result is not None:
-        try:
-            text = trace_json(item.nodeid, result.ranks, diag, result.elapsed, result.bound, backend)
-            write_trace_dir(session.settings.trace_dir, item.nodeid, text, fr_pickle or {})
-        except OSError as exc:
-            if on_error is None:
-                raise
-            on_error(f"cannot write the trace of {item.nodeid}: {exc}")
+        page = write_trace(session.settings.trace_dir, item.nodeid, result, diag, backend, fr_pickle or {},
+                           on_error)
+        if page:
+            item.user_properties.append(("nccl_trace_page", page))
+
+
+def write_trace(directory: str, nodeid: str, result: CallResult, diag: Diagnosis, backend: str,
+                fr_pickle: dict, on_error=None) -> str | None:
+    """A failed call in --nccl-trace-dir: ``<name>.json`` (and ``<name>.fr/``), then the views made
+    from the same records (docs/views.md): ``<name>.trace.json`` (Chrome trace events, for Perfetto)
+    and ``<name>.html`` (the swimlane page). Returns the page's absolute path, or None when it could
+    not be written. ``on_error(message)`` hears of what could not be written; without it an OSError
+    on the JSON is raised, and a failure of the views becomes a warning (never the test's failure)."""
+    try:
+        text = trace_json(nodeid, result.ranks, diag, result.elapsed, result.bound, backend)
+        write_trace_dir(directory, nodeid, text, fr_pickle)
+    except OSError as exc:
+        if on_error is None:
+            raise
+        on_error(f"cannot write the trace of {nodeid}: {exc}")
+        return None
+    base = os.path.join(directory, safe_filename(nodeid))
+    try:
+        with open(base + ".trace.json", "w", encoding="utf-8") as f:
+            f.write(timeline_json(nodeid, result.ranks, diag, result.elapsed, result.bound, backend))
+        with open(base + ".html", "w", encoding="utf-8") as f:
+            f.write(swimlane_html(nodeid, result.ranks, diag, result.elapsed, result.bound, backend))
+    except Exception as exc:  # a view is a convenience: it never hides the failure it shows
+        message = f"cannot write the trace views of {nodeid}: {type(exc).__name__}: {exc}"
+        if on_error is not None:
+            on_error(message)
+        else:
+            warnings.warn(pytest.PytestWarning("pytest-nccl: " + message))
+        return None
+    return os.path.abspath(base + ".html")

@@ -11,7 +11,7 @@ PKG = Path(__file__).resolve().parents[1] / "pytest_nccl"
 # What every forked rank imports: small, fast to load, nothing of the controller side.
 RANK_SIDE = {"rank", "tracer", "journal", "protocol", "stacks", "zygote", "records", "errors"}
 # Pure: tested on data with a fake clock; no torch, no processes, no sockets.
-PURE = {"referee", "diagnose", "records", "flight", "settings"}
+PURE = {"referee", "diagnose", "records", "flight", "settings", "timeline", "swimlane", "swimlane_page"}
 PURE_FORBIDDEN = {"torch", "subprocess", "socket", "multiprocessing", "threading", "signal"}
 MAX_LINES = 520
 

@@ -305,7 +305,8 @@ def _junit_properties(junit: Path) -> dict:
 def _check_suite_stacks(trace_dir: Path) -> None:
     """--nccl-trace-dir: the stuck rank's stack is the one that explains the failure."""
     import json
-    traces = {p.name: json.loads(p.read_text()) for p in trace_dir.glob("*.json")}
+    traces = {p.name: json.loads(p.read_text()) for p in trace_dir.glob("*.json")
+              if not p.name.endswith(".trace.json")}  # the Chrome trace beside it (docs/views.md)
     rendezvous = next(t for n, t in traces.items() if "engine_never_joins" in n)
     assert rendezvous["diagnosis"]["ranks"] == [0]
     assert "store = dist.TCPStore(" in rendezvous["ranks"][0]["stack"]

@@ -17,7 +17,7 @@ from ..errors import NcclUsageError, RankSetupError
 from ..records import CallResult, RankState
 from ..referee import Reason, is_clean, verdict
 from ..report import format_report
-from ..session import NcclSession, exception_class, item_budget, item_outcome, record_failure
+from ..session import NcclSession, exception_class, item_budget, item_outcome, record_failure, write_trace
 from ..settings import Budget, Placement, parse_marker
 from .gpus import GpuLeaser
 from .pool import GroupPool
@@ -159,9 +159,7 @@ class ForkedMode:
         if item is not None:
             record_failure(item, self.session, diag, exc_class.__name__, backend, result, result.fr_pickle)
         elif self.session.settings.trace_dir:
-            from ..report import trace_json, write_trace_dir
-            text = trace_json(call.nodeid, result.ranks, diag, result.elapsed, result.bound, backend)
-            write_trace_dir(self.session.settings.trace_dir, call.nodeid, text, result.fr_pickle)
+            write_trace(self.session.settings.trace_dir, call.nodeid, result, diag, backend, result.fr_pickle)
         raise exc_class(diag.headline, diag, report)
 
     def _warn_once_about_spawn(self, pool: GroupPool) -> None:
