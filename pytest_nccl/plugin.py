@@ -216,7 +216,7 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         results = [r for r in (gate.result_from_report(rep) for rep in reports) if r is not None]
         world, backend = _world_backend(nccl)
         env = nccl.environment or gate.collect_environment()
-        markdown = gate.render_report(env, results, backend, world)
+        markdown = gate.render_report(env, results, backend, world, report_path=nccl.settings.report)
         with open(nccl.settings.report, "w", encoding="utf-8") as f:
             f.write(markdown)
         gate.append_step_summary(markdown)
