@@ -278,6 +278,27 @@ def split_disagreement(records: dict, pg: str, world: int) -> list[tuple]:
     return out
 
 
+def digests_agree(digests: dict, world: int) -> bool:
+    """Every member of every group issued the same collectives (count, and what all must agree on:
+    op, shapes, dtype, reduce op, root), with consistent all_to_all split sizes, from the per-rank
+    digests (rank -> {group: (count, crc[, splits])}) the ranks send with their outcomes: no journal
+    needs reading for a clean pass."""
+    per_pg: dict[str, dict] = {}
+    for rank, by_pg in digests.items():
+        for pg, digest in by_pg.items():
+            per_pg.setdefault(pg, {})[rank] = tuple(digest)
+    for pg, by_rank in per_pg.items():
+        members = members_of(pg, world)
+        if len({by_rank.get(r, (0, 0))[:2] for r in members}) > 1:
+            return False
+        splits = {r: dict(by_rank[r][2]) for r in members if r in by_rank and len(by_rank[r]) > 2}
+        for seq in set().union(*splits.values()) if splits else ():
+            at = {r: CollectiveRecord(r, pg, seq, "all_to_all", splits=s[seq]) for r, s in splits.items() if seq in s}
+            if split_disagreement(at, pg, world):
+                return False
+    return True
+
+
 class P2PIndex:
     """Every rank's point-to-point transfers, per channel (group, source, destination, tag), in issue
     order: a send from A to B with tag T pairs with the next receive on B from A (or from any
