@@ -45,7 +45,10 @@ EXCEPTION_FOR_KIND = {
     SKIP_MISMATCH: "DistributedTestFailure", SETUP: "RankSetupError", RENDEZVOUS: "CollectiveTimeout",
 }
 SHOWN_VALUES = 3   # distinct values a headline lists before "and N more"
-HEADLINE_WIDTH = 180  # a headline adds detail (a second p2p side) only while it stays about this short
+HEADLINE_WIDTH = 200  # a headline adds optional detail (a second p2p side, a site) only while shorter
+# What a rank raises when a peer it talks to died: a consequence, not the cause (and whether it came
+# before the verdict is timing: a headline never shows it)
+PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
 # What gloo says when ranks disagree on a collective's sizes (gloo::EnforceNotMet: a SIGABRT, or an
 # exception in the caller), and the disagreement it names
 GLOO_DISAGREEMENTS = (("Received data size doesn't match expected size", SHAPE_MISMATCH),
@@ -324,7 +327,9 @@ def _mismatch(div: Divergence, ranks: list[RankView]) -> Diagnosis:
     if site:
         what += f" (from {site})"
     views = {v.rank: v for v in ranks}
-    consequences = [_consequence(views[r]) for r in recs if views[r].status in (RankState.DEAD, RankState.FAILED)]
+    died = any(views[r].status == RankState.DEAD for r in recs)
+    consequences = [_consequence(views[r]) for r in recs if views[r].status == RankState.DEAD or (
+        views[r].status == RankState.FAILED and not (died and any(m in views[r].message for m in PEER_GONE)))]
     if len(consequences) > 2:
         consequences = consequences[:2] + [f"{len(consequences) - 2} more ranks failed"]
     if div.absent:
@@ -432,13 +437,11 @@ def _p2p_deadlock(stuck: dict, views: dict) -> Diagnosis:
         context = _peer_state(peer) if peer is not None and (peer.rank not in stuck or not peer.current.p2p) else ""
         return (f"rank {r} waits in {where(cur, p)}, which {'no rank' if peer is None else f'rank {p.peer} never'} "
                 f"{'receives' if p.send else 'sends'}{f' ({context})' if context else ''}")
-    parts = [clause(*shown[0])]
-    for u in shown[1:2]:  # a second side where the headline stays short
-        if len(title) + len(parts[0]) + len(clause(*u)) < HEADLINE_WIDTH or len(shown) == 2:
-            parts.append(clause(*u))
-    if len(shown) > len(parts):
-        parts.append(f"and {len(shown) - len(parts)} more ranks in transfers that cannot pair")
-    return Diagnosis(P2P_MISMATCH, f"{title}: " + "; ".join(parts), sorted({u[0] for u in shown[:len(parts)]}),
+    parts = [clause(*u) for u in shown[:2]]
+    more = f"; and {len(shown) - 2} more ranks" if len(shown) > 2 else ""
+    if len(shown) > 2 and len(title) + len("; ".join(parts) + more) + 2 >= HEADLINE_WIDTH:
+        parts, more = parts[:1], f"; and {len(shown) - 1} more ranks in transfers that cannot pair"
+    return Diagnosis(P2P_MISMATCH, f"{title}: " + "; ".join(parts) + more, sorted({u[0] for u in shown[:len(parts)]}),
                      shown[0][1].pg, shown[0][1].seq)
 
 
@@ -484,9 +487,11 @@ def _cross_group(stuck: dict, views: dict) -> Diagnosis:
         q, p = views[positions[skipped][0]].current, views[who[0]].current
         witnesses = sorted(set(same[0][3]) - set(who))
         verb = "waits" if len(who) == 1 else "wait"
-        headline = (f"{_rank_list(who)} skipped {where(q)} and {verb} in {where(p)}; "
-                    f"{_few(witnesses) + ' issued' if witnesses else 'the others issue'} the {q.op} before the "
-                    f"{p.op}, {_rank_list(positions[skipped])} wait{'s' if len(positions[skipped]) == 1 else ''} in it")
+        rest = (f"; {_few(witnesses) + ' issued it first' if witnesses else 'others issue it first'}, "
+                f"{_rank_list(positions[skipped])} wait{'s' if len(positions[skipped]) == 1 else ''} in it")
+        headline = f"{_rank_list(who)} skipped {where(q)} and {verb} in {where(p)}{rest}"
+        if len(headline) >= HEADLINE_WIDTH:  # the skipped call's site matters most
+            headline = f"{_rank_list(who)} skipped {where(q)} and {verb} in {p.op} #{p.seq} of group {p.pg}{rest}"
         return Diagnosis(DEADLOCK, headline, who, q.pg, q.seq)
     parts = []
     for (pg, seq), present in sorted(positions.items(), key=lambda kv: min(kv[1])):
