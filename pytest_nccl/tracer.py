@@ -58,6 +58,7 @@ SITE_DEPTH = 4  # distinct files in a call site chain
 _internal_code: dict = {}
 _site_text: dict = {}  # (code, instruction offset) chain -> "file:line <- file:line"
 _pg_labels: dict = {}
+_label_owners: dict = {}  # label -> the group that has it in this call: the first one used keeps the name
 
 
 class _CallTrace:
@@ -153,6 +154,9 @@ def pg_label(group) -> tuple[str, str]:
             label = f"{base}[{_label_ranks(dist.get_process_group_ranks(group))}]"
         except Exception:
             label = base
+        if label in _label_owners:  # another group of this call has that name and ranks (a second mesh)
+            label = f"{base}.pg{name}{label[len(base):]}"
+        _label_owners[label] = id(group)
         found = _pg_labels[id(group)] = (label, name)
     return found
 
@@ -398,6 +402,7 @@ def install() -> None:
 def start(journal_path: str) -> None:
     global _active
     _pg_labels.clear()
+    _label_owners.clear()
     _active = _CallTrace(journal_path)
 
 

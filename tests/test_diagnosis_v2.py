@@ -364,6 +364,17 @@ def test_zz_agreeing_arguments_pass(rank):
     splits = [1, 2, 1, 0]  # uneven, consistent: rank r sends splits[j] to j and expects splits[r] from each
     dist.all_to_all_single(torch.zeros(4 * splits[rank]), torch.ones(sum(splits)),
                            output_split_sizes=[splits[rank]] * 4, input_split_sizes=splits)
+
+@pytest.mark.nccl(world=4)
+def test_zz_groups_are_named_as_the_user_named_them(rank):
+    from pytest_nccl.tracer import pg_label
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    weights, plain = dist.new_group([0, 1, 2, 3], group_desc="weights"), dist.new_group([0, 1, 2, 3])
+    tp = "0,1" if rank < 2 else "2,3"
+    assert pg_label(mesh.get_group("tp"))[0] == f"tp[{tp}]" and pg_label(None)[0] == "default"
+    assert pg_label(weights)[0] == "weights[0-3]" and pg_label(plain)[0] == f"pg{plain.group_name}[0-3]"
+    again = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))  # same names, same ranks:
+    assert pg_label(again.get_group("tp"))[0] == f"tp.pg{again.get_group('tp').group_name}[{tp}]"  # told apart
 """
 
 
@@ -440,7 +451,7 @@ def scenarios(tmp_path_factory):
 
 def test_scenarios_session(scenarios):
     inner, _, _ = scenarios
-    assert inner.result.parseoutcomes() == {"passed": 3, "failed": len(EXPECTED)}, inner.text
+    assert inner.result.parseoutcomes() == {"passed": 4, "failed": len(EXPECTED)}, inner.text
 
 
 @pytest.mark.parametrize("scenario", sorted(EXPECTED))
