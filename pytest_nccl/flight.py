@@ -29,8 +29,11 @@ def _shapes(sizes: list) -> str:
     return ";".join(str(list(s)) for s in sizes[:4]) + (";..." if len(sizes) > 4 else "")
 
 
-def group_name_of(label: str) -> str:
-    """The c10d group name behind a journal label: "default" -> "0", "pg3[0,1]" -> "3"."""
+def group_name_of(label: str, group: str = "") -> str:
+    """The c10d group name behind a journal label: "default" -> "0", "pg3[0,1]" -> "3"; a label
+    with the user's name ("tp[2,3]") carries it in the record's ``group`` (journal v2)."""
+    if group:
+        return group
     if label == "default":
         return "0"
     base = label.split(":")[0]
@@ -91,8 +94,9 @@ def _combine(python: list[CollectiveRecord], recorded: list[CollectiveRecord]) -
     times do not interleave exactly)."""
     labels = {}
     for rec in python:
-        labels.setdefault(group_name_of(rec.pg), rec.pg)
-    known = {(group_name_of(r.pg), seq) for r in python if r.fr_seq is not None
+        if not rec.pg.endswith(":p2p"):
+            labels.setdefault(group_name_of(rec.pg, rec.group), rec.pg)
+    known = {(group_name_of(r.pg, r.group), seq) for r in python if r.fr_seq is not None
              for seq in range(r.fr_seq, (r.fr_seq_end or r.fr_seq) + 1)}
     by_pg: dict[str, list[CollectiveRecord]] = {}
     for rec in python:

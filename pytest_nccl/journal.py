@@ -4,11 +4,24 @@ The rank writes a line with ``os.write`` *before* it enters a collective: the li
 page cache the moment the call returns, so a SIGABRT inside gloo (or a SIGKILL) cannot lose it, and
 the controller can read it while the rank is stuck. One file per rank per call, tab-separated:
 
-    E <pg> <seq> <op> <async> <t> <shapes> <dtype> <fr_seq> <site>   entered
-    W <pg> <seq> <t>                                                 waits on an async op (Work.wait)
-    C <pg> <seq> <t>                                                 completed
-    R <pg> <seq> <fr_seq_end>                                        composite op (all_gather_object):
-                                                                     last group sequence id it used
+    E <pg> <seq> <op> <async> <t> <shapes> <dtype> <fr_seq> <site> [<args>]   entered
+    W <pg> <seq> <t> [<i>]                                         waits on an async op (Work.wait)
+    C <pg> <seq> <t> [<i>]                                         completed
+    R <pg> <seq> <fr_seq_end>                                      composite op (all_gather_object):
+                                                                   last group sequence id it used
+
+``<args>`` (format v2; absent in v1 journals, which still read) is what every rank must agree on,
+space-separated ``key=value`` items, each optional:
+
+    red=MAX             the reduce op (all_reduce, reduce, reduce_scatter*, all_reduce_coalesced)
+    root=1              the root as a GLOBAL rank (broadcast/scatter src, reduce/gather dst, object ops)
+    split=2,2/1,3       all_to_all(_single): per group rank, what this rank sends / expects to receive
+    p2p=s1:0,r*:2       point-to-point transfers, in call order: s(end)/r(ecv) (S/R: object lists),
+                        the GLOBAL peer (* = any source), ':' the tag; several for batch_isend_irecv
+    g=4                 the c10d group name (the label is the user's: "tp[2,3]")
+
+``<i>`` on W and C: the index of the transfer of a batch_isend_irecv whose Work it is (one Work per
+transfer); without it, the line is about every transfer of the record.
 
 Imported by ranks: standard library only.
 """
@@ -17,7 +30,7 @@ from __future__ import annotations
 
 import os
 
-from .records import COMPLETED, ENTERED, WAITING, CollectiveRecord
+from .records import COMPLETED, ENTERED, WAITING, P2P, CollectiveRecord
 
 
 class JournalWriter:
@@ -29,11 +42,11 @@ class JournalWriter:
     def __init__(self, path: str):
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
 
-    def waiting(self, pg, seq, t):
-        os.write(self.fd, f"W\t{pg}\t{seq}\t{t:.6f}\n".encode())
+    def waiting(self, pg, seq, t, index=-1):
+        os.write(self.fd, f"W\t{pg}\t{seq}\t{t:.6f}{'' if index < 0 else f'	{index}'}\n".encode())
 
-    def completed(self, pg, seq, t):
-        os.write(self.fd, f"C\t{pg}\t{seq}\t{t:.6f}\n".encode())
+    def completed(self, pg, seq, t, index=-1):
+        os.write(self.fd, f"C\t{pg}\t{seq}\t{t:.6f}{'' if index < 0 else f'	{index}'}\n".encode())
 
     def close(self):
         if self.fd >= 0:
@@ -41,12 +54,58 @@ class JournalWriter:
             self.fd = -1
 
 
+def parse_p2p(text: str) -> list[P2P]:
+    out = []
+    for item in text.split(","):
+        if len(item) < 2 or item[0] not in "srSR":
+            continue
+        peer, _, tag = item[1:].partition(":")
+        out.append(P2P(send=item[0] in "sS", peer=None if peer == "*" else int(peer), tag=int(tag or 0),
+                       obj=item[0] in "SR"))
+    return out
+
+
+def _apply_args(rec: CollectiveRecord, text: str) -> None:
+    for item in text.split(" "):
+        key, _, value = item.partition("=")
+        if key == "red":
+            rec.reduce_op = value
+        elif key == "root":
+            rec.root = int(value)
+        elif key == "split":
+            rec.splits = value
+        elif key == "p2p":
+            rec.p2p = parse_p2p(value)
+        elif key == "g":
+            rec.group = value
+
+
+def _mark(rec: CollectiveRecord, kind: str, t: float, index: int) -> None:
+    """A W or C line: for one transfer of a batch, or for the whole record."""
+    new = WAITING if kind == "W" else COMPLETED
+    if rec.p2p:
+        for i, p in enumerate(rec.p2p):
+            if index < 0 or i == index:
+                if new == COMPLETED or p.state != COMPLETED:
+                    p.state = new
+        states = {p.state for p in rec.p2p}
+        state = COMPLETED if states == {COMPLETED} else WAITING if WAITING in states else ENTERED
+    else:
+        state = new if new == COMPLETED or rec.state != COMPLETED else COMPLETED
+    if state == COMPLETED and rec.state != COMPLETED:
+        rec.duration = max(0.0, t - rec.t_start)
+    rec.state = state
+
+
 def parse_journal(text: str, rank: int) -> list[CollectiveRecord]:
     """Records in the order the rank entered them. A torn last line (the rank died mid-write) is
     dropped; an unknown line is ignored rather than failing the report."""
     records: list[CollectiveRecord] = []
     by_key: dict[tuple[str, int], CollectiveRecord] = {}
-    for line in text.split("\n"):
+    lines = text.split("\n")
+    if lines and not text.endswith("\n"):
+        lines.pop()  # torn: the rank died (or is) mid-write
+    for line in lines:
         fields = line.split("\t")
         kind = fields[0]
         try:
@@ -56,6 +115,8 @@ def parse_journal(text: str, rank: int) -> list[CollectiveRecord]:
                     async_op=fields[4] == "1", t_start=float(fields[5]), shapes=fields[6],
                     dtype=fields[7], fr_seq=int(fields[8]) if fields[8] not in ("", "None") else None,
                     site=fields[9], state=ENTERED)
+                if len(fields) > 10 and fields[10]:
+                    _apply_args(rec, fields[10])
                 records.append(rec)
                 by_key[(rec.pg, rec.seq)] = rec
             elif kind == "R" and len(fields) >= 4:
@@ -65,12 +126,8 @@ def parse_journal(text: str, rank: int) -> list[CollectiveRecord]:
             elif kind in ("W", "C") and len(fields) >= 4:
                 rec = by_key.get((fields[1], int(fields[2])))
                 if rec is not None:
-                    if kind == "W":
-                        if rec.state != COMPLETED:
-                            rec.state = WAITING
-                    else:
-                        rec.state = COMPLETED
-                        rec.duration = max(0.0, float(fields[3]) - rec.t_start)
+                    index = int(fields[4]) if len(fields) > 4 and fields[4] else -1
+                    _mark(rec, kind, float(fields[3]), index)
         except ValueError:
             continue
     return records

@@ -10,11 +10,16 @@ The rules, in the order they are applied:
 1. every rank finished: completed;
 2. the bound is reached: timeout;
 3. a rank failed: give the others ``grace_after_failure`` to finish or fail on their own;
-4. a live rank waits in a collective that a finished rank never completed: decided (it can never be
-   matched), checked every ``poll`` from the journals, and every ``flight_recorder_poll`` from the
-   Flight Recorder (collectives issued from C++, such as DDP's reducer);
+4. a live rank waits in a collective that a finished rank never completed, or on a transfer whose
+   peer finished without the matching one: decided (it can never be matched), checked every ``poll``
+   from the journals, and every ``flight_recorder_poll`` from the Flight Recorder (collectives
+   issued from C++, such as DDP's reducer);
 5. no journal grew for ``stall_check`` and every running rank waits on a mismatched collective
-   (op, shape or dtype differ at the same position): decided (NCCL would hang there for good).
+   (op, shape, dtype, root, reduce op or split sizes differ at the same position): decided (NCCL
+   would hang there for good);
+6. no journal grew for ``deadlock_quiet`` and some running ranks are in a certain deadlock
+   (``records.stuck_ranks``): point-to-point transfers nobody can pair (a tag, a peer that differs),
+   or collectives of different groups, each waiting for a rank blocked in the other: decided.
 """
 
 from __future__ import annotations
@@ -23,8 +28,65 @@ import enum
 from dataclasses import dataclass
 from typing import Protocol
 
-from .diagnose import Diagnosis, diagnose, digests_agree, stuck_on_mismatch, waits_for_a_finished_rank
-from .records import RankState, RankView
+from .diagnose import MISMATCH_KINDS, Diagnosis, diagnose, digests_agree, first_divergence
+from .records import P2PIndex, RankState, RankView, members_of, stuck_ranks
+
+
+# -- the predicates of the rules, on the journals read so far (pure: tested on data) --------------
+
+def _running_views(journals: dict, live: dict, views: dict | None = None) -> dict:
+    return {r: RankView(r, status=RankState.RUNNING if r in live else
+                        (views[r].status if views and r in views else RankState.PASSED), records=journals[r])
+            for r in journals}
+
+
+def waits_for_a_finished_rank(journals: dict, live: dict) -> bool:
+    """True when a running rank sits in collective #k of a group while a finished or dead member of
+    that group never completed its #k there, or waits on a transfer whose peer finished without the
+    matching one: it can never be matched."""
+    finished = [r for r in journals if r not in live]
+    index = None
+    for rank in live:
+        current = RankView(rank, records=journals[rank]).current
+        if current is None:
+            continue
+        if current.pg.endswith(":p2p"):
+            if not current.p2p:
+                continue
+            index = index or P2PIndex(_running_views(journals, live))
+            for p in current.blocking_p2p():
+                if p.peer in finished and not index.has_counterpart(rank, current, p):
+                    return True
+            continue
+        members = members_of(current.pg, len(journals))
+        for other in finished:
+            if other not in members:
+                continue
+            theirs = [r for r in journals[other] if r.pg == current.pg]
+            if len(theirs) < current.seq:
+                return True  # it never reached it
+            # it left it without completing (raised or died inside); the Flight Recorder's own
+            # completion flag is too late to trust for this
+            if theirs[current.seq - 1].pending and theirs[current.seq - 1].source == "python":
+                return True
+    return False
+
+
+def stuck_on_mismatch(journals: dict, views: dict, live: dict) -> bool:
+    """True when every running rank waits in a collective and the first divergence is a mismatch
+    (op, shape, dtype, root, reduce op or splits at the same position): it would hang there for good."""
+    for rank in live:
+        if not any(r.pending and (not r.async_op or r.state == "waiting") for r in journals[rank]):
+            return False
+    trial = [RankView(r, status=views[r].status, records=journals[r]) for r in range(len(journals))]
+    div = first_divergence(trial)
+    return div is not None and div.kind in MISMATCH_KINDS
+
+
+def deadlocked(journals: dict, live: dict) -> bool:
+    """True when some running ranks wait on each other (or on finished ranks) in a way that can never
+    resolve: transfers with no counterpart, collectives whose missing members are stuck elsewhere."""
+    return bool(stuck_ranks(_running_views(journals, live)))
 
 
 class Reason(str, enum.Enum):
@@ -43,6 +105,7 @@ class Timing:
     grace_after_failure: float = 1.0   # a rank failed: for the others to finish or report their own error
     poll: float = 0.05                 # how often the journals are checked for an unmatchable wait
     stall_check: float = 0.5           # no journal grew for this long: look for a mismatched collective
+    deadlock_quiet: float = 1.0        # no journal grew for this long: look for a certain deadlock
     flight_recorder_poll: float = 1.0  # with a rank finished, how often the Flight Recorder is consulted
     settle: float = 0.3                # once decided, for ranks outside any collective to finish too
     # Collecting the stacks of ranks still running, once decided. Forked: a rank's reader thread
@@ -90,6 +153,7 @@ class Referee:
         self._next_stall = t0 + timing.stall_check
         self._next_flight_recorder = t0 + timing.flight_recorder_poll
         self._last_sizes = None
+        self._quiet_since = t0
 
     # -- what the transport reports ------------------------------------------------------------------
     def finished(self, rank: int, state: RankState, now: float) -> None:
@@ -123,9 +187,14 @@ class Referee:
         if now >= self._next_stall:
             self._next_stall = now + self.timing.stall_check
             sizes = view.journal_sizes()
-            if sizes == self._last_sizes and stuck_on_mismatch(view.journals(), self._views(), live_map):
-                return Reason.DECIDED
-            self._last_sizes = sizes
+            if sizes != self._last_sizes:
+                self._last_sizes, self._quiet_since = sizes, now
+            else:
+                journals = view.journals()
+                if stuck_on_mismatch(journals, self._views(), live_map):
+                    return Reason.DECIDED
+                if now - self._quiet_since >= self.timing.deadlock_quiet - 1e-9 and deadlocked(journals, live_map):
+                    return Reason.DECIDED
         if finished_some and self.flight_recorder and now >= self._next_flight_recorder:
             self._next_flight_recorder = now + self.timing.flight_recorder_poll
             merged = view.flight_recorder_journals()

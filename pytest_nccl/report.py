@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import os
 
-from .diagnose import Diagnosis, short_path, short_site
-from .records import CollectiveRecord, RankView, RankState
+from .diagnose import Diagnosis, short_path, short_site, where
+from .records import CollectiveRecord, RankView, RankState, rank_ranges
 
 TABLE_WIDTH = 120
 CONTEXT_ROWS = 2  # matching rows shown above the divergence
@@ -33,6 +33,9 @@ def _cell(rec: CollectiveRecord | None, width: int) -> str:
         return "-".ljust(width)
     mark = {"completed": "", "entered": " ..", "waiting": " ..w"}.get(rec.state, "")
     op, shapes = rec.op, rec.shapes
+    if rec.p2p:  # peers: '>1' sends to rank 1, '<*' receives from any
+        op = ("batch" if len(rec.p2p) > 1 else op) + " " + " ".join(
+            f"{'>' if p.send else '<'}{'*' if p.peer is None else p.peer}" for p in rec.p2p[:3])
     if len(f"{op} {shapes}{mark}") > width:
         op, shapes = SHORT_OPS.get(op, op), shapes.replace(", ", ",")
     text = f"{op}{'*' if rec.source == 'flight-recorder' else ''} {shapes}".strip() + mark
@@ -89,7 +92,10 @@ def format_divergence(diagnosis: Diagnosis) -> str:
         return ""
     lines = [f"at collective #{div.seq} of group {div.pg}:"]
     for r, rec in sorted(div.records.items()):
-        lines.append(f"  rank {r}: {rec.op} shapes={rec.shapes or '-'} dtype={rec.dtype or '-'} "
+        args = "".join(f" {text}" for text, shown in ((f"op={rec.reduce_op}", rec.reduce_op),
+                                                      (rec.root_text, rec.root is not None),
+                                                      (f"splits={rec.splits}", rec.splits)) if shown)
+        lines.append(f"  rank {r}: {rec.op} shapes={rec.shapes or '-'} dtype={rec.dtype or '-'}{args} "
                      f"{'async ' if rec.async_op else ''}{rec.state}"
                      f"{'' if rec.duration is None else f' in {rec.duration * 1000:.1f} ms'}")
         if rec.site:
@@ -99,24 +105,31 @@ def format_divergence(diagnosis: Diagnosis) -> str:
     return "\n".join(lines)
 
 
+def _folded(texts: dict[int, str]) -> list[tuple[str, str]]:
+    """(ranks, text) with the ranks that share a text together: 'rank 3', 'ranks 0-2'."""
+    by_text: dict[str, list[int]] = {}
+    for r, text in sorted(texts.items()):
+        by_text.setdefault(text, []).append(r)
+    return [(f"rank{'s' if len(rs) > 1 else ''} {rank_ranges(rs)}", text) for text, rs in by_text.items()]
+
+
 def format_positions(ranks: list[RankView]) -> str:
-    lines = []
+    """Where each rank is, ranks in the same place on one line."""
+    texts = {}
     for v in ranks:
         n = len(v.records)
         if v.status == RankState.DEAD:
-            where = v.exit_description
+            place = v.exit_description
         elif v.status == RankState.RUNNING:
             cur = v.current
             if cur is None:
-                where = "running, outside any collective"
+                place = "running, outside any collective"
             else:
-                origin = (f" from {short_site(cur.site, 2)}" if cur.site else
-                          " (issued from C++, Flight Recorder)" if cur.source == "flight-recorder" else "")
-                where = f"inside {cur.op} #{cur.seq} of group {cur.pg} ({cur.state}){origin}"
+                place = f"inside {where(cur)} ({cur.state})"
         else:
-            where = v.status + (f": {v.message}" if v.message else "")
-        lines.append(f"  rank {v.rank}: {where} [{n} collective{'s' if n != 1 else ''}]")
-    return "\n".join(lines)
+            place = v.status + (f": {v.message}" if v.message else "")
+        texts[v.rank] = f"{place} [{n} collective{'s' if n != 1 else ''}]"
+    return "\n".join(f"  {who}: {text}" for who, text in _folded(texts))
 
 
 def format_report(ranks: list[RankView], diagnosis: Diagnosis | None, elapsed: float, bound: float,
@@ -140,10 +153,11 @@ def format_report(ranks: list[RankView], diagnosis: Diagnosis | None, elapsed: f
     for text, rs in tracebacks.items():
         parts.append(f"\n-- traceback of rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))} --")
         parts.append(text.rstrip())
-    for v in ranks:
-        if v.stack and v.status in (RankState.RUNNING, RankState.DEAD):
-            parts.append(f"\n-- Python stack of rank {v.rank} (all threads) --")
-            parts.append(_trim_stack(v.stack))
+    # identical stacks once too (a stuck world 64 has few distinct ones)
+    stacks = {v.rank: _trim_stack(v.stack) for v in ranks if v.stack and v.status in (RankState.RUNNING, RankState.DEAD)}
+    for who, text in _folded(stacks):
+        parts.append(f"\n-- Python stack of {who} (all threads) --")
+        parts.append(text)
     return "\n".join(parts)
 
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from .journal import JournalWriter
-from .records import P2P_OPS, SHAPE_MATCHED_OPS
+from .records import P2P_OPS, REDUCING_OPS, ROOT_ARG, SHAPE_MATCHED_OPS, SPLIT_OPS, rank_ranges
 
 # For each op: the parameter holding the tensor(s) this rank contributes (what must agree across
 # ranks). Group and async_op positions are read from the real signature at install time, so the
@@ -58,12 +58,13 @@ SITE_DEPTH = 4  # distinct files in a call site chain
 _internal_code: dict = {}
 _site_text: dict = {}  # (code, instruction offset) chain -> "file:line <- file:line"
 _pg_labels: dict = {}
+_label_owners: dict = {}  # label -> the group that has it in this call: the first one used keeps the name
 
 
 class _CallTrace:
     """The trace of one call on this rank."""
 
-    __slots__ = ("writer", "fd", "t0", "seq", "digest", "depth", "async_pending", "default_pg")
+    __slots__ = ("writer", "fd", "t0", "seq", "digest", "splits", "depth", "async_pending", "default_pg")
 
     def __init__(self, journal_path: str):
         self.writer = JournalWriter(journal_path)
@@ -72,6 +73,7 @@ class _CallTrace:
         self.t0 = time.perf_counter()
         self.seq: dict[str, int] = {}
         self.digest: dict[str, int] = {}
+        self.splits: dict[str, list] = {}   # pg -> [(seq, "sent/expected")] of its all_to_alls
         self.depth = 0
         self.async_pending: dict[int, tuple] = {}
 
@@ -115,20 +117,150 @@ def call_site(frame) -> str:
     return text
 
 
-def pg_label(group) -> str:
-    """A name for a process group that is the same on every member rank."""
+MAX_LABEL_RANKS = 48  # characters of the ranks shown in a label; longer: "..." (members unknown)
+_NAMELESS = ("", "undefined", "default_pg")
+
+
+def _label_ranks(ranks: list) -> str:
+    if ranks == sorted(ranks):
+        shown = rank_ranges(ranks)
+        if len(shown) > MAX_LABEL_RANKS and len(ranks) > 2:
+            step = ranks[1] - ranks[0]
+            if step > 0 and all(b - a == step for a, b in zip(ranks, ranks[1:])):
+                shown = f"{ranks[0]}-{ranks[-1]}:{step}"
+    else:
+        shown = ",".join(map(str, ranks))  # new_group(sort_ranks=False): group rank order
+    return shown if len(shown) <= MAX_LABEL_RANKS else shown[:MAX_LABEL_RANKS].rsplit(",", 1)[0] + ",..."
+
+
+def pg_label(group) -> tuple[str, str]:
+    """(label, c10d group name) of a process group, the same on every member rank. The label is the
+    user's name for the group with its ranks: a DeviceMesh dimension ("tp[2,3]"), the description
+    given to ``new_group(..., group_desc=...)``, else the c10d name ("pg4[2,3]")."""
     if group is None or group is c10d.GroupMember.WORLD:
-        return "default"
-    label = _pg_labels.get(id(group))
-    if label is None:
+        return "default", ""
+    found = _pg_labels.get(id(group))
+    if found is None:
+        name = str(getattr(group, "group_name", "?"))
         try:
-            ranks = dist.get_process_group_ranks(group)
-            shown = ",".join(map(str, ranks[:8])) + (",..." if len(ranks) > 8 else "")
-            label = f"pg{group.group_name}[{shown}]"
+            desc = str(getattr(group, "group_desc", "") or "")
         except Exception:
-            label = f"pg{getattr(group, 'group_name', '?')}"
-        _pg_labels[id(group)] = label
-    return label
+            desc = ""
+        if desc.startswith("mesh_") and desc != "mesh_default":
+            desc = desc[5:]
+        desc = "".join(c for c in desc if c.isalnum() or c in "_.-:")
+        base = f"pg{name}" if desc in _NAMELESS or desc == "default" else desc
+        try:
+            label = f"{base}[{_label_ranks(dist.get_process_group_ranks(group))}]"
+        except Exception:
+            label = base
+        if label in _label_owners:  # another group of this call has that name and ranks (a second mesh)
+            label = f"{base}.pg{name}{label[len(base):]}"
+        _label_owners[label] = id(group)
+        found = _pg_labels[id(group)] = (label, name)
+    return found
+
+
+_red_names: dict = {}
+
+
+def _red_name(op) -> str:
+    if op is None:
+        return "SUM"
+    try:
+        name = _red_names.get(op)
+    except TypeError:  # an unhashable custom op
+        name = None
+    if name is None:
+        name = getattr(op, "name", None) or str(op).rsplit(".", 1)[-1]
+        try:
+            _red_names[op] = name
+        except TypeError:
+            pass
+    return name
+
+
+def _arg(args, kwargs, pos, name):
+    return args[pos] if 0 <= pos < len(args) else kwargs.get(name)
+
+
+def _global(group, rank, group_rank):
+    """A root or peer as a GLOBAL rank, from ``src``/``dst`` or ``group_src``/``group_dst``."""
+    if rank is None and group_rank is not None:
+        try:
+            return c10d.get_global_rank(group if group is not None else c10d._get_default_group(), group_rank)
+        except Exception:
+            return None
+    return rank
+
+
+def _sizes(value, n: int) -> str:
+    if isinstance(value, torch.Tensor):  # a tensor of split sizes
+        value = value.tolist()
+    return ",".join(map(str, value)) if value is not None else ""
+
+
+def _even(tensor, group) -> str:
+    """Split sizes of an all_to_all_single without any: dim 0 in equal parts."""
+    try:
+        n = (group or c10d._get_default_group()).size()
+        rows = tensor.shape[0] if tensor.dim() else 1
+        return ",".join([str(rows // n)] * n)
+    except Exception:
+        return ""
+
+
+def _arguments(name: str, params: list):
+    """For op ``name``: a function (args, kwargs, group) -> the journal's <args> text without the
+    group (see journal.py), or None when the op has none. Positions come from the real signature."""
+    pos = {p: i for i, p in enumerate(params)}
+
+    def at(p):
+        return pos.get(p, -1)
+
+    if name in REDUCING_OPS:
+        op_pos = at("op")
+        if name == "reduce":
+            dst_pos, gdst_pos = at("dst"), at("group_dst")
+            return lambda a, k, g: (f"red={_red_name(_arg(a, k, op_pos, 'op'))} root="
+                                    f"{_global(g, _arg(a, k, dst_pos, 'dst'), _arg(a, k, gdst_pos, 'group_dst'))}")
+        return lambda a, k, g: "red=" + _red_name(_arg(a, k, op_pos, "op"))
+    if name in ROOT_ARG:
+        arg = ROOT_ARG[name]
+        r_pos, g_pos = at(arg), at("group_" + arg)
+        return lambda a, k, g: f"root={_global(g, _arg(a, k, r_pos, arg), _arg(a, k, g_pos, 'group_' + arg))}"
+    if name == "all_to_all_single":
+        o_pos, i_pos, os_pos, is_pos = at("output"), at("input"), at("output_split_sizes"), at("input_split_sizes")
+
+        def splits(a, k, g):
+            sent, expected = _arg(a, k, is_pos, "input_split_sizes"), _arg(a, k, os_pos, "output_split_sizes")
+            sent = _sizes(sent, 0) if sent is not None and len(sent) else _even(_arg(a, k, i_pos, "input"), g)
+            expected = (_sizes(expected, 0) if expected is not None and len(expected)
+                        else _even(_arg(a, k, o_pos, "output"), g))
+            return f"split={sent}/{expected}"
+        return splits
+    if name == "all_to_all":
+        o_pos, i_pos = at("output_tensor_list"), at("input_tensor_list")
+        return lambda a, k, g: (f"split={','.join(str(t.numel()) for t in _arg(a, k, i_pos, 'input_tensor_list'))}/"
+                                f"{','.join(str(t.numel()) for t in _arg(a, k, o_pos, 'output_tensor_list'))}")
+    if name in ("send", "isend", "recv", "irecv", "send_object_list", "recv_object_list"):
+        send = name in ("send", "isend", "send_object_list")
+        kind = ("S" if send else "R") if "object" in name else ("s" if send else "r")
+        arg = "dst" if send else "src"
+        p_pos, gp_pos, t_pos = at(arg), at("group_" + arg), at("tag")
+
+        def transfer(a, k, g):
+            peer = _global(g, _arg(a, k, p_pos, arg), _arg(a, k, gp_pos, "group_" + arg))
+            tag = _arg(a, k, t_pos, "tag") or 0
+            return f"p2p={kind}{'*' if peer is None else peer}:{tag}"
+        return transfer
+    if name == "batch_isend_irecv":
+        def batch(a, k, g):
+            ops = _arg(a, k, 0, "p2p_op_list") or ()
+            return "p2p=" + ",".join(
+                f"{'s' if getattr(op.op, '__name__', '') == 'isend' else 'r'}{op.peer}:{op.tag}" for op in ops)
+        return batch
+    return None
 
 
 def _describe(value) -> tuple[str, str]:
@@ -157,6 +289,8 @@ def _wrap(name: str, fn):
     shape_matched = name in SHAPE_MATCHED_OPS
     always_async = name in ALWAYS_ASYNC
     composite = name in COMPOSITE
+    split = name in SPLIT_OPS
+    arguments = _arguments(name, params)
 
     def traced(*args, **kwargs):
         trace = _active
@@ -174,14 +308,24 @@ def _wrap(name: str, fn):
             shapes, dtype = _describe(args[tensor_pos] if tensor_pos < len(args) else kwargs.get(tensor_name))
         else:
             shapes, dtype = "", ""
-        pg = pg_label(group)
+        pg, gname = pg_label(group)
+        extra = ""
+        if arguments is not None:
+            try:
+                extra = arguments(args, kwargs, group)
+            except Exception:  # the op itself will say what is wrong with its arguments
+                extra = ""
         if p2p:
-            pg += ":p2p"  # point-to-point: numbered apart, not aligned across ranks
+            pg += ":p2p"  # point-to-point: numbered apart, matched as pairs (diagnose.py)
         seq = trace.seq.get(pg, 0) + 1
         trace.seq[pg] = seq
-        if not p2p:
-            sig = f"{name} {shapes} {dtype}" if shape_matched else name
+        if split:
+            trace.splits.setdefault(pg, []).append((seq, extra[6:]))  # consistency, not equality
+        elif not p2p:
+            sig = f"{name} {shapes} {dtype} {extra}" if shape_matched else f"{name} {extra}"
             trace.digest[pg] = zlib.crc32(sig.encode(), trace.digest.get(pg, 0))
+        if gname:
+            extra = f"{extra} g={gname}" if extra else "g=" + gname
         try:
             fr_seq = (trace.default_pg if group is None else group)._get_sequence_number_for_group() + 1
         except Exception:
@@ -189,16 +333,19 @@ def _wrap(name: str, fn):
         # one write, before entering: what survives a SIGABRT inside the collective
         os.write(trace.fd, (f"E\t{pg}\t{seq}\t{name}\t{1 if async_op else 0}\t"
                             f"{perf_counter() - trace.t0:.6f}\t{shapes}\t{dtype}\t{fr_seq}\t"
-                            f"{call_site(sys._getframe(1))}\n").encode())
+                            f"{call_site(sys._getframe(1))}\t{extra}\n").encode())
         trace.depth += 1
         try:
             result = fn(*args, **kwargs)
         finally:
             trace.depth -= 1
         if async_op and result is not None:
-            works = result if isinstance(result, list) else [result]
-            for work in works:
-                trace.async_pending[id(work)] = (work, pg, seq)
+            if isinstance(result, list):  # batch_isend_irecv: one Work per transfer, or one for all
+                n = len(args[0]) if args else 0
+                for i, work in enumerate(result):
+                    trace.async_pending[id(work)] = (work, pg, seq, i if len(result) == n > 1 else -1)
+            else:
+                trace.async_pending[id(result)] = (result, pg, seq, -1)
         else:
             os.write(trace.fd, f"C\t{pg}\t{seq}\t{perf_counter() - trace.t0:.6f}\n".encode())
         if composite:
@@ -226,10 +373,10 @@ def _traced_wait(self, *args, **kwargs):
     entry = trace.async_pending.pop(id(self), None) if trace is not None else None
     if entry is None:
         return _orig_wait(self, *args, **kwargs)
-    _, pg, seq = entry
-    trace.writer.waiting(pg, seq, time.perf_counter() - trace.t0)
+    _, pg, seq, index = entry
+    trace.writer.waiting(pg, seq, time.perf_counter() - trace.t0, index)
     result = _orig_wait(self, *args, **kwargs)
-    trace.writer.completed(pg, seq, time.perf_counter() - trace.t0)
+    trace.writer.completed(pg, seq, time.perf_counter() - trace.t0, index)
     return result
 
 
@@ -255,13 +402,15 @@ def install() -> None:
 def start(journal_path: str) -> None:
     global _active
     _pg_labels.clear()
+    _label_owners.clear()
     _active = _CallTrace(journal_path)
 
 
-def stop() -> tuple[dict[str, tuple[int, int]], int]:
-    """End the call's trace; return per process group (count, crc of signatures), which the
-    controller compares across ranks without reading the journals, and how many async collectives
-    are still in flight."""
+def stop() -> tuple[dict[str, tuple], int]:
+    """End the call's trace; return per process group (count, crc of what every rank must agree on:
+    op, shapes, dtype, reduce op, root), plus the split sizes of its all_to_alls where it ran any
+    (``(seq, "sent/expected")`` each), which the controller compares across ranks without reading
+    the journals (``diagnose.digests_agree``); and how many async collectives are still in flight."""
     global _active
     trace = _active
     if trace is None:
@@ -269,17 +418,21 @@ def stop() -> tuple[dict[str, tuple[int, int]], int]:
     _active = None
     now = time.perf_counter() - trace.t0
     dangling = 0
-    for work, pg, seq in trace.async_pending.values():
+    for work, pg, seq, index in trace.async_pending.values():
         try:
             if work.is_completed():
-                trace.writer.completed(pg, seq, now)
+                trace.writer.completed(pg, seq, now, index)
             else:
                 dangling += 1
         except Exception:
             pass
     trace.writer.close()
     counts = {pg: n for pg, n in trace.seq.items() if not pg.endswith(":p2p")}
-    return {pg: (counts.get(pg, 0), trace.digest.get(pg, 0)) for pg in counts}, dangling
+    digests = {}
+    for pg, n in counts.items():
+        splits = trace.splits.get(pg)
+        digests[pg] = (n, trace.digest.get(pg, 0), tuple(splits)) if splits else (n, trace.digest.get(pg, 0))
+    return digests, dangling
 
 
 def flight_recorder_json() -> str | None:

@@ -32,9 +32,10 @@ def test_shape_mismatch_with_an_aborted_rank():
                   message="RuntimeError: [/src/gloo/pair.cc:537] Read error: Connection reset by peer")]
     d = diagnose(ranks, "decided", 60)
     assert d.kind == "shape-mismatch" and d.exception_name == "CollectiveMismatch"
-    assert d.headline.startswith("shape mismatch in all_gather #1 of group default: rank 0 [2, 7, 32], "
-                                 "rank 1 [2, 5, 32] (from /w/test_x.py:5); rank 0 killed by SIGABRT inside it; "
-                                 "rank 1 raised RuntimeError: Read error: Connection reset by peer")
+    # rank 1's lost connection is the abort's consequence, and whether it raised before the verdict is
+    # timing: the headline names the cause only, the same every run
+    assert d.headline == ("shape mismatch in all_gather #1 of group default: rank 0 [2, 7, 32], "
+                          "rank 1 [2, 5, 32] (from /w/test_x.py:5); rank 0 killed by SIGABRT inside it")
 
 
 def test_majority_names_the_odd_rank():
@@ -60,7 +61,7 @@ def test_true_hang_slow_rank_and_timeout_outside_collectives():
             view(1, "running", [], stack='Thread MainThread:\n  File "/w/test_x.py", line 9, in test_y\n    time.sleep(9)\n')]
     d = diagnose(slow, "timeout", 5)
     assert d.kind == "slow-rank" and d.exception_name == "CollectiveTimeout"
-    assert "rank 1 is busy outside any collective at /w/test_x.py (line 9, in test_y)" in d.headline
+    assert "rank 1 is busy outside any collective at /w/test_x.py:9 (in test_y)" in d.headline
     idle = [view(r, "running", []) for r in range(2)]
     assert diagnose(idle, "timeout", 5).kind == "timeout"
 

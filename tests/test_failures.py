@@ -120,12 +120,13 @@ EXPECTED = {
     "test_e_never_enters": [re.escape(
         "rank 1 left the test (passed) after 1 collective in group default; rank 0 waits in all_gather #2 of "
         f"group default from test_inner.py:{line_of(FAILURES, 'dist.all_gather([torch.zeros(2)')}")],
-    "test_g_true_hang": [r"every rank is inside recv #1 of group default:p2p from test_inner.py:\d+ and none "
-                         r"completed within the 3 s bound",
-                         re.escape("-- Python stack of rank 0 (all threads) --"),
+    "test_g_true_hang": [re.escape(f"p2p deadlock: both ranks receive first: rank 0 waits in recv(src=1, tag=0) from "
+                                   f"test_inner.py:{line_of(FAILURES, 'dist.recv(t, src=1 - rank)')}, which rank 1 never "
+                                   "sends; rank 1 waits in recv(src=0, tag=0)"),
+                         re.escape("-- Python stack of ranks 0,1 (all threads) --"),
                          re.escape("dist.recv(t, src=1 - rank)")],
-    "test_h_slow_rank": [rf"slow rank: rank 1 is busy outside any collective at test_inner.py \(line "
-                         rf"{line_of(FAILURES, 'time.sleep(60)')}, in test_h_slow_rank\).*rank 0 waited for the "
+    "test_h_slow_rank": [rf"slow rank: rank 1 is busy outside any collective at test_inner.py:"
+                         rf"{line_of(FAILURES, 'time.sleep(60)')} \(in test_h_slow_rank\).*rank 0 waited for the "
                          r"whole 3 s bound in all_reduce #1", re.escape("time.sleep(60)")],
     "test_i_shape_mismatch_abort": [
         re.escape("shape mismatch in all_gather #1 of group default: rank 0 [3], rank 1 [5] "

@@ -2,7 +2,8 @@
 
 import pytest
 
-from pytest_nccl.diagnose import digests_agree, stuck_on_mismatch, waits_for_a_finished_rank
+from pytest_nccl.diagnose import digests_agree
+from pytest_nccl.referee import stuck_on_mismatch, waits_for_a_finished_rank
 from pytest_nccl.records import CollectiveRecord, RankState, RankView
 from pytest_nccl.referee import TIMING, Reason, Referee, is_clean, verdict
 

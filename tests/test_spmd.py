@@ -200,12 +200,11 @@ def _check_spmd_cases(run: Launched) -> None:
     assert run.reported_once_text.count(raised) == 1, run.section("test_b_fails_on_one_rank")
     assert "-- traceback of rank 1 --" in run.section("test_b_fails_on_one_rank")
 
-    hang = ("every rank is inside recv #1 of group default:p2p from test_inner.py:"
-            f"{line_of(SPMD_CASES, 'dist.recv(')} and none completed within the 2 s bound")
+    hang = ("p2p deadlock: both ranks receive first: rank 0 waits in recv(src=1, tag=0) from test_inner.py:"
+            f"{line_of(SPMD_CASES, 'dist.recv(')}, which rank 1 never sends; rank 1 waits in recv(src=0, tag=0)")
     assert run.reported_once_text.count(hang) == 1, run.section("test_c_hangs")
     section = run.section("test_c_hangs")
-    assert "-- Python stack of rank 0 (all threads) --" in section
-    assert "-- Python stack of rank 1 (all threads) --" in section and "dist.recv(torch.zeros(1)" in section
+    assert "-- Python stack of ranks 0,1 (all threads) --" in section and "dist.recv(torch.zeros(1)" in section
     # the bound is enforced: the stack is the test's, not pytest's
     assert "_pytest" not in section and "pluggy" not in section
 
@@ -222,7 +221,7 @@ def test_torchrun_one_node_two_ranks(launch, pytester):
     # two 2 s hangs, the other failures within about a second each, plus start-up
     assert run.elapsed < 90, run.elapsed
     props = _junit_properties(pytester.path / "junit.xml")  # rank 0's: the other rank writes none
-    assert props[("test_c_hangs", "nccl_diagnosis_kind")] == "hang"
+    assert props[("test_c_hangs", "nccl_diagnosis_kind")] == "p2p-mismatch"
     assert props[("test_b_fails_on_one_rank", "nccl_diagnosis")].startswith("rank 1 raised ValueError")
 
 
@@ -235,7 +234,7 @@ def test_torchrun_two_nodes_one_rank_each(launch):
     report = run.report
     assert run.text.count("test session starts") == 1, run.text
     assert "rank 1 raised ValueError: boom on rank 1 after 1 collective" in report
-    assert "every rank is inside recv #1 of group default:p2p" in report
+    assert "p2p deadlock: both ranks receive first: rank 0 waits in recv(src=1, tag=0)" in report
     assert "PASSED test_inner.py::test_d_after_the_hang" in report
     stuck = run.section("test_i_stuck_outside_python")
     assert "slow rank: rank 1 is busy outside any collective at torch/futures/__init__.py" in stuck, report
@@ -326,8 +325,8 @@ def _check_suite_headlines(props: dict, folder: str) -> None:
     slow = props[("test_uneven_rollout_lengths_slow_rank", "nccl_diagnosis")]
     sleep_line = line_of(_suite_files()["test_slow_rank"], "time.sleep(DECODE_STEP_S)")
     gather_line = line_of(_suite_files()["test_slow_rank"], "dist.all_gather(sizes, n)")
-    assert slow == (f"slow rank: rank 1 is busy outside any collective at {folder}test_slow_rank.py (line "
-                    f"{sleep_line}, in generate_rollout), after 0 collectives in group default; rank 0 waited "
+    assert slow == (f"slow rank: rank 1 is busy outside any collective at {folder}test_slow_rank.py:"
+                    f"{sleep_line} (in generate_rollout), after 0 collectives in group default; rank 0 waited "
                     f"for the whole 3 s bound in all_gather #1 of group default from "
                     f"{folder}test_slow_rank.py:{gather_line}"), slow
 

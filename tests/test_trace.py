@@ -158,3 +158,15 @@ def test_collectives_issued_from_cpp_come_from_the_flight_recorder(run_inner):
     assert "* issued from C++" in section
     m = re.search(r"([\d.]+)s call +test_inner.py::test_ddp_rank_skips_a_step", inner.text)
     assert m and float(m.group(1)) < 15, inner.text  # well before the 30 s bound
+
+
+def test_group_labels_show_ranks_compactly():
+    """Labels carry the ranks (members_of reads them back): ranges, a stride, or '...' past the width."""
+    from pytest_nccl.records import members_of
+    from pytest_nccl.tracer import _label_ranks
+    assert _label_ranks([2, 3]) == "2,3" and _label_ranks(list(range(16))) == "0-15"
+    strided = _label_ranks(list(range(0, 64, 2)))
+    assert strided == "0-62:2" and members_of(f"dp[{strided}]", 64) == list(range(0, 64, 2))
+    assert _label_ranks([3, 1, 2]) == "3,1,2"  # new_group(sort_ranks=False): group rank order
+    ragged = _label_ranks([i * i for i in range(40)])
+    assert ragged.endswith(",...") and members_of(f"pg9[{ragged}]", 2000) == list(range(2000))

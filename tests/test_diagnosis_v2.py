@@ -1,0 +1,480 @@
+"""Diagnosis v2 (issue 12): every argument the ranks must agree on, point-to-point pairing, certain
+deadlocks failed fast and blamed by issue order, the user's group names, gloo's own size checks,
+headlines that stay short at world 64.
+
+Pure checks on hand-written records first (determinism under shuffled orders and timings, world 64
+lengths, the journal format, the referee's rule); then real inner sessions, one per backend setting,
+asserting each pattern's exact headline, its exception class and how soon it failed."""
+
+from __future__ import annotations
+
+import random
+import re
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from conftest import line_of, run_inner_once
+from pytest_nccl.diagnose import diagnose
+from pytest_nccl.journal import parse_journal
+from pytest_nccl.records import P2P, CollectiveRecord, RankState, RankView, digests_agree, members_of, rank_ranges
+from pytest_nccl.referee import TIMING, Reason, Referee, deadlocked, stuck_on_mismatch, waits_for_a_finished_rank
+
+S = "/w/test_x.py"
+
+
+def rec(rank, seq, op="all_reduce", shapes="[4]", state="completed", pg="default", line=5, **kw):
+    if op in ("all_reduce", "reduce_scatter_tensor") and "reduce_op" not in kw:
+        kw["reduce_op"] = "SUM"
+    return CollectiveRecord(rank=rank, pg=pg, seq=seq, op=op, shapes=shapes, dtype="float32" if shapes else "",
+                            state=state, site=f"{S}:{line}", t_start=0.001 * seq, **kw)
+
+
+def p2p(rank, seq, op, *transfers, state="entered", line=5):
+    return CollectiveRecord(rank=rank, pg="default:p2p", seq=seq, op=op, shapes="[2]", dtype="float32",
+                            async_op=op in ("isend", "irecv", "batch_isend_irecv"), state=state,
+                            site=f"{S}:{line}", p2p=list(transfers))
+
+
+def view(rank, status, records, **kw):
+    return RankView(rank=rank, status=RankState(status), records=records, **kw)
+
+
+def waiting(*transfers_states):
+    return [P2P(send, peer, tag, state) for send, peer, tag, state in transfers_states]
+
+
+# -- each pattern of the issue, as the journals show it -----------------------------------------------
+
+PATTERNS = {
+    "p2p-tag": ([view(0, "running", [p2p(0, 1, "send", P2P(True, 1, 1), line=8)]),
+                 view(1, "running", [p2p(1, 1, "recv", P2P(False, 0, 2), line=10)])],
+                "p2p tag mismatch: rank 0 waits in send(dst=1, tag=1) from /w/test_x.py:8, which rank 1 never "
+                "receives; rank 1 waits in recv(src=0, tag=2) from /w/test_x.py:10, which rank 0 never sends",
+                "CollectiveMismatch"),
+    "broadcast-root": ([view(r, "running", [rec(r, 1, "broadcast", state="entered", root=r)]) for r in range(2)],
+                       "root mismatch in broadcast #1 of group default: rank 0 src=0, rank 1 src=1 "
+                       "(from /w/test_x.py:5)", "CollectiveMismatch"),
+    "gather-dst": ([view(r, "running", [rec(r, 1, "gather", state="entered", root=r)]) for r in range(2)],
+                   "root mismatch in gather #1 of group default: rank 0 dst=0, rank 1 dst=1 (from /w/test_x.py:5)",
+                   "CollectiveMismatch"),
+    "reduce-op": ([view(r, "passed", [rec(r, 1, reduce_op="MAX" if r else "SUM")]) for r in range(2)],
+                  "reduce-op mismatch in all_reduce #1 of group default: rank 0 SUM, rank 1 MAX (from "
+                  "/w/test_x.py:5); the backend completed it without an error: its result is wrong",
+                  "CollectiveMismatch"),
+    "ring": ([view(0, "passed", [p2p(0, 1, "batch_isend_irecv", P2P(True, 1, 0, "completed"),
+                                     P2P(False, 3, 0, "completed"), state="completed")]),
+              view(1, "running", [p2p(1, 1, "batch_isend_irecv", *waiting((True, 3, 0, "waiting"),
+                                                                          (False, 0, 0, "entered")), state="waiting")]),
+              view(2, "running", [p2p(2, 1, "batch_isend_irecv", *waiting((True, 3, 0, "completed"),
+                                                                          (False, 1, 0, "waiting")), state="waiting")]),
+              view(3, "passed", [p2p(3, 1, "batch_isend_irecv", P2P(True, 0, 0, "completed"),
+                                     P2P(False, 2, 0, "completed"), state="completed")])],
+             "p2p peer mismatch: rank 1 waits in isend(dst=3, tag=0) from /w/test_x.py:5, which rank 3 never "
+             "receives (it passed); rank 2 waits in irecv(src=1, tag=0) from /w/test_x.py:5, which rank 1 never sends",
+             "CollectiveMismatch"),
+    "a2a-splits": ([view(0, "running", [rec(0, 1, "all_to_all_single", state="entered", splits="2,2/2,2")]),
+                    view(1, "failed", [rec(1, 1, "all_to_all_single", state="entered", splits="1,3/2,2")],
+                         message="RuntimeError: [enforce fail at gloo/alltoallv.cc:138] "
+                                 "inLengthPerRank[myRank] == outLengthPerRank[myRank].")],
+                   "split mismatch in all_to_all_single #1 of group default: rank 1 sends 1 to rank 0, which expects 2, "
+                   "and 1 more pair (from /w/test_x.py:5); gloo rejected it on rank 1 (inLengthPerRank[myRank] == "
+                   "outLengthPerRank[myRank])", "CollectiveMismatch"),
+    "mesh-skip": ([view(r, "running", [rec(r, 1, pg="tp[0,1]", line=51), rec(r, 1, "barrier", "", "entered", line=52)])
+                   for r in (0, 1)]
+                  + [view(2, "running", [rec(2, 1, "barrier", "", "entered", line=52)]),
+                     view(3, "running", [rec(3, 1, pg="tp[2,3]", state="entered", line=51)])],
+                  "rank 2 skipped all_reduce #1 of group tp[2,3] from /w/test_x.py:51 and waits in barrier #1 of "
+                  "group default from /w/test_x.py:52; ranks 0,1 issued it first, rank 3 waits in it", "CollectiveMismatch"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PATTERNS))
+def test_pattern_headline(name):
+    views, headline, exception = PATTERNS[name]
+    diag = diagnose(views, "decided", 60)
+    assert (diag.headline, diag.exception_name) == (headline, exception)
+
+
+@pytest.mark.parametrize("name", sorted(PATTERNS))
+def test_same_failure_same_headline_whatever_the_order_and_timing(name):
+    """The views in any order, their journals timed any way, ranks finished in any order: one
+    headline (the transports read journals in whatever order they come)."""
+    views, headline, _ = PATTERNS[name]
+    rng = random.Random(name)
+    for _ in range(50):
+        shuffled = [RankView(v.rank, v.status, records=[CollectiveRecord(**{**r.__dict__, "t_start": rng.random()})
+                                                          for r in v.records],
+                             message=v.message, finished_at=rng.random()) for v in views]
+        rng.shuffle(shuffled)
+        assert diagnose(shuffled, rng.choice(["decided", "timeout"]), 60).headline == headline
+
+
+# -- world 64 ---------------------------------------------------------------------------------------
+
+W = 64
+
+
+def _tp(r):
+    return f"tp[{rank_ranges(range(r // 4 * 4, r // 4 * 4 + 4))}]"
+
+
+def _mesh64(r):
+    if r == 5:  # skips its tp all_reduce
+        return view(r, "running", [rec(r, 1, "barrier", "", "entered", line=52)])
+    if r // 4 == 1:  # its tp partners wait for it
+        return view(r, "running", [rec(r, 1, pg=_tp(r), state="entered", line=51)])
+    return view(r, "running", [rec(r, 1, pg=_tp(r), line=51), rec(r, 1, "barrier", "", "entered", line=52)])
+
+
+STACK = 'Thread MainThread:\n  File "/w/test_x.py", line {}, in test_y\n    time.sleep(9)\n'
+WORLD_64 = {
+    "op": [view(r, "running", [rec(r, 1, "barrier", "", "entered") if r == 63 else rec(r, 1, state="entered")])
+           for r in range(W)],
+    "root": [view(r, "running", [rec(r, 1, "broadcast", state="entered", root=r)]) for r in range(W)],
+    "reduce-op": [view(r, "passed", [rec(r, 1, reduce_op="MAX" if r == 15 else "SUM")]) for r in range(W)],
+    "shape": [view(r, "running", [rec(r, 1, shapes=f"[{r}]", state="entered")]) for r in range(W)],
+    "split": [view(r, "running", [rec(r, 1, "all_to_all_single", state="entered",
+                                      splits=f"{','.join(['2'] * W)}/{','.join(['2'] * (W - 1) + ['3'])}")])
+              for r in range(W)],
+    "left": [view(r, "passed", []) if r in (5, 9) else view(r, "running", [rec(r, 1, state="entered")]) for r in range(W)],
+    "raised": [view(r, "failed", [], message=f"ValueError: boom {r}") if r % 2 else
+               view(r, "running", [rec(r, 1, state="entered")]) for r in range(W)],
+    "died": [view(r, "dead" if r > 3 else "running", [rec(r, 1, state="entered")], signal_name="SIGKILL")
+             for r in range(W)],
+    "p2p-ring": [view(r, "running", [p2p(r, 1, "recv", P2P(False, (r - 1) % W, 0))]) for r in range(W)],
+    "p2p-tag": [view(r, "running", [p2p(r, 1, "send" if r % 2 == 0 else "recv", P2P(r % 2 == 0, r ^ 1, r % 2))])
+                for r in range(W)],
+    "mesh": [_mesh64(r) for r in range(W)],
+    "slow": [view(r, "running", [] if r == 7 else [rec(r, 1, state="entered")], stack=STACK.format(9))
+             for r in range(W)],
+    "timeout": [view(r, "running", [], stack=STACK.format(9 + (r == 3))) for r in range(W)],
+    "hang": [view(r, "running", [rec(r, 1, state="entered")]) for r in range(W)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(WORLD_64))
+def test_headlines_stay_short_and_grouped_at_world_64(name):
+    diag = diagnose(WORLD_64[name], "decided", 60)
+    assert len(diag.headline) < 200, diag.headline
+    # ranks are grouped, never listed one by one
+    assert not re.search(r"rank \d+[^;]*rank \d+[^;]*rank \d+[^;]*rank \d+", diag.headline), diag.headline
+
+
+def test_world_64_headlines_name_the_odd_ones():
+    assert diagnose(WORLD_64["op"], "decided", 60).headline.startswith(
+        "op mismatch at collective #1 of group default: ranks 0-62 all_reduce, rank 63 barrier")
+    assert "ranks 0-14,16-63 SUM, rank 15 MAX" in diagnose(WORLD_64["reduce-op"], "completed", 60).headline
+    mesh = diagnose(WORLD_64["mesh"], "decided", 60)
+    assert mesh.ranks == [5] and mesh.headline.startswith("rank 5 skipped all_reduce #1 of group tp[4-7]")
+    assert diagnose(WORLD_64["p2p-ring"], "decided", 60).headline.startswith(
+        "p2p deadlock: ranks 0-63 all receive first: rank 0 waits in recv(src=63, tag=0)")
+
+
+# -- the pieces -----------------------------------------------------------------------------------
+
+def test_journal_v2_arguments_and_batch_transfers_read_back():
+    text = ("E\tdefault\t1\tall_reduce\t0\t0.001\t[4]\tfloat32\t1\t/w/t.py:3\tred=MAX\n"
+            "C\tdefault\t1\t0.002\n"
+            "E\ttp[2,3]\t1\tbroadcast\t0\t0.003\t[4]\tfloat32\t1\t/w/t.py:4\troot=3 g=4\n"
+            "E\tdefault\t2\tall_to_all_single\t0\t0.004\t[4]\tfloat32\t2\t/w/t.py:5\tsplit=1,3/2,2\n"
+            "E\tdefault:p2p\t1\tbatch_isend_irecv\t1\t0.005\t\t\t\t/w/t.py:6\tp2p=s1:0,r*:7\n"
+            "W\tdefault:p2p\t1\t0.006\t0\n"
+            "C\tdefault:p2p\t1\t0.007\t0\n"
+            "W\tdefault:p2p\t1\t0.008\t1\n")
+    r = parse_journal(text, 2)
+    assert (r[0].reduce_op, r[0].state, r[1].root, r[1].group, r[2].split_lists()) == \
+        ("MAX", "completed", 3, "4", ([1, 3], [2, 2]))
+    batch = r[3]
+    assert [(p.send, p.peer, p.tag, p.state) for p in batch.p2p] == [(True, 1, 0, "completed"),
+                                                                      (False, None, 7, "waiting")]
+    assert batch.state == "waiting" and batch.blocking_p2p() == [batch.p2p[1]]
+    assert batch.p2p[1].call(batch.op) == "irecv(src=*, tag=7)"
+    # a v1 journal (no arguments field) still reads
+    assert parse_journal("E\tdefault\t1\tall_reduce\t0\t0.001\t[4]\tfloat32\t1\t/w/t.py:3\n", 0)[0].reduce_op == ""
+
+
+def test_group_labels_round_trip():
+    assert rank_ranges([0, 1, 2, 3, 5, 7, 8, 9]) == "0-3,5,7-9"
+    assert members_of("tp[2,3]", 4) == [2, 3] and members_of("dp[0-15]", 64) == list(range(16))
+    assert members_of("pg7[0-62:2]", 64) == list(range(0, 64, 2)) and members_of("default", 3) == [0, 1, 2]
+    assert members_of("pg3[0,1,2,...]", 8) == list(range(8))  # ranks not all shown: the world
+
+
+def test_digests_cover_reduce_op_root_and_splits():
+    assert not digests_agree({0: {"default": (1, 11)}, 1: {"default": (1, 12)}}, 2)  # crc of op/red/root differ
+    consistent = {0: {"default": (1, 7, ((1, "1,2/1,2"),))}, 1: {"default": (1, 7, ((1, "2,1/2,1"),))}}
+    assert digests_agree(consistent, 2)  # uneven, but what 0 sends 1 is what 1 expects from 0
+    inconsistent = {0: {"default": (1, 7, ((1, "2,2/2,2"),))}, 1: {"default": (1, 7, ((1, "1,3/2,2"),))}}
+    assert not digests_agree(inconsistent, 2)
+
+
+def test_referee_decides_a_certain_deadlock_after_the_quiet_period():
+    journals = {r: v.records for r, v in enumerate(PATTERNS["mesh-skip"][0])}
+
+    class View:
+        def journals(self):
+            return journals
+
+        def journal_sizes(self):
+            return [len(j) for j in journals.values()]
+
+        def flight_recorder_journals(self):
+            return None
+
+    live = dict.fromkeys(range(4))
+    assert deadlocked(journals, live) and not stuck_on_mismatch(journals, {r: RankView(r) for r in live}, live)
+    referee = Referee(4, bound=60, t0=0.0)
+    now = 0.0
+    while referee.step(now, View()) is None:
+        now = round(now + 0.01, 6)
+    # sizes first noted at the first stall check; decided once they stayed for deadlock_quiet
+    assert TIMING.deadlock_quiet <= now <= TIMING.stall_check + TIMING.deadlock_quiet + 2 * TIMING.poll
+    assert now < 2.0
+
+
+def test_a_transfer_whose_peer_finished_without_its_counterpart_is_decided_at_once():
+    journals = {r: v.records for r, v in enumerate(PATTERNS["ring"][0])}
+    assert waits_for_a_finished_rank(journals, {1: None, 2: None})
+    assert not deadlocked({0: [p2p(0, 1, "send", P2P(True, 1, 0))], 1: []}, {0: None, 1: None})  # 1 may still recv
+    referee = Referee(4, bound=60, t0=0.0)
+    referee.finished(0, RankState.PASSED, 0.1)
+    referee.finished(3, RankState.PASSED, 0.1)
+
+    class View:
+        def journals(self):
+            return journals
+
+        def journal_sizes(self):
+            return [1, 1, 1, 1]
+
+    assert referee.step(0.1, View()) == Reason.DECIDED
+
+
+# -- real sessions ----------------------------------------------------------------------------------
+
+SCENARIOS = """
+import pytest, torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+@pytest.mark.nccl(world=2)
+def test_00_warm_world_2(rank):
+    dist.barrier()
+
+@pytest.mark.nccl(world=4)
+def test_00_warm_world_4(rank):
+    dist.barrier()
+
+@pytest.mark.nccl(world=2)
+def test_p2p_tag(rank):
+    t = torch.ones(2)
+    if rank == 0:
+        dist.send(t, dst=1, tag=1)
+    else:
+        dist.recv(t, src=0, tag=2)
+
+@pytest.mark.nccl(world=2)
+def test_broadcast_root(rank):
+    dist.broadcast(torch.ones(2), src=rank)  # each rank believes it is the root
+
+@pytest.mark.nccl(world=2)
+def test_gather_dst(rank):
+    dist.gather(torch.ones(2), [torch.zeros(2), torch.zeros(2)], dst=rank)
+
+@pytest.mark.nccl(world=2)
+def test_all_reduce_op(rank):
+    t = torch.ones(2) * (rank + 1)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX)
+
+@pytest.mark.nccl(world=4)
+def test_ring_wrong_neighbour(rank):
+    dst = (rank + 2) % 4 if rank == 1 else (rank + 1) % 4
+    ops = [dist.P2POp(dist.isend, torch.ones(2), dst), dist.P2POp(dist.irecv, torch.zeros(2), (rank - 1) % 4)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+
+@pytest.mark.nccl(world=2)
+def test_all_to_all_splits(rank):
+    splits = [2, 2] if rank == 0 else [1, 3]
+    dist.all_to_all_single(torch.zeros(4), torch.ones(4), output_split_sizes=[2, 2], input_split_sizes=splits)
+
+@pytest.mark.nccl(world=4)
+def test_mesh_skip(rank):
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    if rank != 2:
+        dist.all_reduce(torch.ones(2), group=mesh.get_group("tp"))  # the tp all_reduce
+    dist.barrier()  # rank 2 comes here at once
+
+@pytest.mark.nccl(world=2)
+def test_isend_irecv_wait_tag(rank):
+    t = torch.ones(2)
+    if rank == 0:
+        dist.isend(t, dst=1, tag=3).wait()
+    else:
+        dist.irecv(t, src=0, tag=4).wait()
+
+@pytest.mark.nccl(world=2)
+def test_both_send_first(rank):
+    t = torch.ones(2)
+    dist.send(t, dst=1 - rank)
+    dist.recv(t, src=1 - rank)
+
+@pytest.mark.nccl(world=4)
+def test_recv_from_wrong_source(rank):
+    if rank == 0:
+        dist.send(torch.ones(2), dst=1)
+    elif rank == 1:
+        dist.recv(torch.ones(2), src=2)
+
+@pytest.mark.nccl(world=2)
+def test_reduce_dst(rank):
+    dist.reduce(torch.ones(2), dst=rank)
+
+@pytest.mark.nccl(world=2)
+def test_broadcast_object_src(rank):
+    dist.broadcast_object_list([rank], src=rank)
+
+@pytest.mark.nccl(world=2)
+def test_reduce_scatter_op(rank):
+    op = dist.ReduceOp.MIN if rank == 0 else dist.ReduceOp.SUM
+    dist.reduce_scatter_tensor(torch.zeros(2), torch.ones(4), op=op)
+
+@pytest.mark.nccl(world=2)
+def test_swapped_group_order(rank):
+    weights = dist.new_group([0, 1], group_desc="weights")
+    grads = dist.new_group([0, 1], group_desc="grads")
+    for group in ([weights, grads] if rank == 0 else [grads, weights]):
+        dist.all_reduce(torch.ones(1), group=group)
+
+@pytest.mark.nccl(world=2)
+def test_all_to_all_abort(rank):
+    n = [2, 2] if rank == 0 else [1, 3]
+    dist.all_to_all_single(torch.zeros(4), torch.ones(4), output_split_sizes=n, input_split_sizes=n)
+
+@pytest.mark.nccl(world=4)
+def test_zz_agreeing_arguments_pass(rank):
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    dist.all_reduce(torch.ones(2), op=dist.ReduceOp.MAX, group=mesh.get_group("tp"))
+    dp = mesh.get_group("dp")
+    dist.broadcast(torch.ones(2), src=dist.get_global_rank(dp, 1), group=dp)
+    ops = [dist.P2POp(dist.isend, torch.ones(1), (rank + 1) % 4), dist.P2POp(dist.irecv, torch.zeros(1), (rank - 1) % 4)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    splits = [1, 2, 1, 0]  # uneven, consistent: rank r sends splits[j] to j and expects splits[r] from each
+    dist.all_to_all_single(torch.zeros(4 * splits[rank]), torch.ones(sum(splits)),
+                           output_split_sizes=[splits[rank]] * 4, input_split_sizes=splits)
+
+@pytest.mark.nccl(world=4)
+def test_zz_groups_are_named_as_the_user_named_them(rank):
+    from pytest_nccl.tracer import pg_label
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    weights, plain = dist.new_group([0, 1, 2, 3], group_desc="weights"), dist.new_group([0, 1, 2, 3])
+    tp = "0,1" if rank < 2 else "2,3"
+    assert pg_label(mesh.get_group("tp"))[0] == f"tp[{tp}]" and pg_label(None)[0] == "default"
+    assert pg_label(weights)[0] == "weights[0-3]" and pg_label(plain)[0] == f"pg{plain.group_name}[0-3]"
+    again = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))  # same names, same ranks:
+    assert pg_label(again.get_group("tp"))[0] == f"tp.pg{again.get_group('tp').group_name}[{tp}]"  # told apart
+"""
+
+
+def _at(snippet: str) -> str:
+    return f"test_inner.py:{line_of(SCENARIOS, snippet)}"
+
+
+# scenario -> (exact headline, exception class)
+EXPECTED = {
+    "test_p2p_tag": (f"p2p tag mismatch: rank 0 waits in send(dst=1, tag=1) from {_at('dst=1, tag=1')}, which rank 1 "
+                     f"never receives; rank 1 waits in recv(src=0, tag=2) from {_at('src=0, tag=2')}, which rank 0 "
+                     "never sends", "CollectiveMismatch"),
+    "test_broadcast_root": ("root mismatch in broadcast #1 of group default: rank 0 src=0, rank 1 src=1 "
+                            f"(from {_at('src=rank)  # each')})", "CollectiveMismatch"),
+    "test_gather_dst": ("root mismatch in gather #1 of group default: rank 0 dst=0, rank 1 dst=1 "
+                        f"(from {_at('dst=rank)')})", "CollectiveMismatch"),
+    "test_all_reduce_op": ("reduce-op mismatch in all_reduce #1 of group default: rank 0 SUM, rank 1 MAX "
+                           f"(from {_at('ReduceOp.SUM if rank == 0')}); the backend completed it without an error: "
+                           "its result is wrong", "CollectiveMismatch"),
+    "test_ring_wrong_neighbour": (
+        f"p2p peer mismatch: rank 1 waits in isend(dst=3, tag=0) from {_at('for work in dist.batch_isend_irecv(ops):')}"
+        ", which rank 3 never receives (it passed); rank 2 waits in irecv(src=1, tag=0) from "
+        f"{_at('for work in dist.batch_isend_irecv(ops):')}, which rank 1 never sends", "CollectiveMismatch"),
+    "test_all_to_all_splits": (
+        "split mismatch in all_to_all_single #1 of group default: rank 1 sends 1 to rank 0, which expects 2, and 1 more "
+        f"pair (from {_at('output_split_sizes=[2, 2]')}); gloo rejected it on rank 1 (inLengthPerRank[myRank] == "
+        "outLengthPerRank[myRank])", "CollectiveMismatch"),
+    "test_mesh_skip": (f"rank 2 skipped all_reduce #1 of group tp[2,3] from {_at('# the tp all_reduce')} "
+                       f"and waits in barrier #1 of group default from {_at('# rank 2 comes here')}; ranks 0,1 issued "
+                       "it first, rank 3 waits in it", "CollectiveMismatch"),
+    "test_isend_irecv_wait_tag": (
+        f"p2p tag mismatch: rank 0 waits in isend(dst=1, tag=3) from {_at('tag=3)')}, which rank 1 never receives; "
+        f"rank 1 waits in irecv(src=0, tag=4) from {_at('tag=4)')}, which rank 0 never sends", "CollectiveMismatch"),
+    "test_both_send_first": (
+        f"p2p deadlock: both ranks send first: rank 0 waits in send(dst=1, tag=0) from {_at('dst=1 - rank')}, which "
+        f"rank 1 never receives; rank 1 waits in send(dst=0, tag=0) from {_at('dst=1 - rank')}, which rank 0 never "
+        "receives", "CollectiveMismatch"),
+    "test_recv_from_wrong_source": (
+        f"p2p peer mismatch: rank 0 waits in send(dst=1, tag=0) from {_at('torch.ones(2), dst=1)')}, which rank 1 "
+        f"never receives; rank 1 waits in recv(src=2, tag=0) from {_at('src=2)')}, which rank 2 never sends "
+        "(it passed)", "CollectiveMismatch"),
+    "test_reduce_dst": ("root mismatch in reduce #1 of group default: rank 0 dst=0, rank 1 dst=1 "
+                        f"(from {_at('dist.reduce(')})", "CollectiveMismatch"),
+    "test_broadcast_object_src": ("root mismatch in broadcast_object_list #1 of group default: rank 0 src=0, "
+                                  f"rank 1 src=1 (from {_at('broadcast_object_list([rank]')})", "CollectiveMismatch"),
+    "test_reduce_scatter_op": ("reduce-op mismatch in reduce_scatter_tensor #1 of group default: rank 0 MIN, rank 1 "
+                               f"SUM (from {_at('reduce_scatter_tensor(')}); the backend completed it without an "
+                               "error: its result is wrong", "CollectiveMismatch"),
+    "test_swapped_group_order": (
+        f"deadlock across groups: rank 0 waits in all_reduce #1 of group weights[0,1] from {_at('group=group)')} "
+        f"without rank 1, rank 1 in all_reduce #1 of group grads[0,1] from {_at('group=group)')} without rank 0",
+        "CollectiveMismatch"),
+    "test_all_to_all_abort": (
+        "split mismatch in all_to_all_single #1 of group default: rank 0 sends 2 to rank 1, which expects 1, and 1 "
+        f"more pair (from {_at('output_split_sizes=n')}); rank 1 killed by SIGABRT inside it", "CollectiveMismatch"),
+}
+# what blocks (or, for a reduce op, completes) at once: the failure within 2 s of it on an idle
+# machine; the bound is 60 s, so 5 s leaves a loaded 2-core runner its margin
+FAST = 5.0
+
+
+@pytest.fixture(scope="module")
+def scenarios(tmp_path_factory):
+    junit_path = tmp_path_factory.mktemp("junit") / "junit.xml"
+    inner = run_inner_once(tmp_path_factory, SCENARIOS, "--nccl-timeout=60", f"--junitxml={junit_path}",
+                           "--durations=0", "--durations-min=0", name="test_inner")
+    junit = ET.parse(junit_path).getroot()
+    props = {(case.get("name"), p.get("name")): p.get("value")
+             for case in junit.iter("testcase") for p in case.iter("property")}
+    durations = {m.group(2): float(m.group(1)) for line in inner.result.stdout.lines
+                 for m in [re.match(r"\s*([\d.]+)s call\s+test_inner.py::(\w+)", line)] if m}
+    return inner, props, durations
+
+
+def test_scenarios_session(scenarios):
+    inner, _, _ = scenarios
+    assert inner.result.parseoutcomes() == {"passed": 4, "failed": len(EXPECTED)}, inner.text
+
+
+@pytest.mark.parametrize("scenario", sorted(EXPECTED))
+def test_scenario_headline_exception_and_time(scenarios, scenario):
+    inner, props, durations = scenarios
+    headline, exception = EXPECTED[scenario]
+    assert props.get((scenario, "nccl_diagnosis")) == headline, inner.section(scenario)
+    assert props.get((scenario, "nccl_exception")) == exception
+    assert durations[scenario] < FAST, (scenario, durations[scenario])
+
+
+UNTRACED = """
+import pytest, torch
+import torch.distributed as dist
+
+@pytest.mark.nccl(world=2)
+def test_all_to_all_splits_untraced(rank):
+    splits = [2, 2] if rank == 0 else [1, 3]
+    dist.all_to_all_single(torch.zeros(4), torch.ones(4), output_split_sizes=[2, 2], input_split_sizes=splits)
+"""
+
+
+def test_gloo_checks_read_as_the_same_disagreement_without_a_trace(tmp_path_factory):
+    inner = run_inner_once(tmp_path_factory, UNTRACED, "--nccl-trace=off", name="test_untraced")
+    assert ("split mismatch in a collective (gloo on rank 1: inLengthPerRank[myRank] == outLengthPerRank[myRank]); "
+            "rank 1 raised it") in inner.text, inner.text
