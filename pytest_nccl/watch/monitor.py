@@ -37,7 +37,9 @@ FATAL_SIGNALS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus err
 
 class JournalFile:
     """One rank's journal, followed by name: each read continues where the last one stopped; when
-    the rank rotated the file, the rest of the old one comes first."""
+    the rank rotated the file (``agent.rotate``), the rest of the old one comes first, then the
+    previous segment if two rotations happened in between (more would lose one: 16 MB of journal
+    between two ticks of the watch)."""
 
     def __init__(self, path: str):
         self.path = path
@@ -46,31 +48,45 @@ class JournalFile:
         self.consumed = 0      # bytes read in all: the measure of progress
         self.truncated = False  # the rank started the journal again (a restarted rank)
 
+    def _open(self, path: str) -> bool:
+        try:
+            f = open(path, "rb")
+        except OSError:
+            return False
+        if self.f is not None:
+            self.f.close()
+        self.f, self.ino = f, os.fstat(f.fileno()).st_ino
+        return True
+
     def read(self) -> bytes:
-        if self.f is None:
-            try:
-                self.f = open(self.path, "rb")
-            except OSError:
-                return b""
-            self.ino = os.fstat(self.f.fileno()).st_ino
-        data = self.f.read(READ_CHUNK)
-        if not data:
+        out = b""
+        for _ in range(4):  # segments visited in one read
+            if self.f is None and not self._open(self.path):
+                break
+            out += self.f.read(READ_CHUNK - len(out))
+            if len(out) >= READ_CHUNK:
+                break
             try:
                 st = os.stat(self.path)
             except OSError:
-                return b""  # between the rank's two renames
-            if st.st_ino != self.ino:
-                data = self.f.read(READ_CHUNK)
-                if not data:
-                    self.f.close()
-                    self.f = None
-                    return self.read()
-            elif st.st_size < self.f.tell():
-                self.f.seek(0)
-                self.truncated = True
-                data = self.f.read(READ_CHUNK)
-        self.consumed += len(data)
-        return data
+                break  # between the rank's two renames
+            if st.st_ino == self.ino:
+                if st.st_size < self.f.tell():  # started again: a restarted rank
+                    self.f.seek(0)
+                    self.truncated = True
+                break
+            # rotated: the rank moved its descriptor before renaming, nothing more comes to this one
+            out += self.f.read(READ_CHUNK - len(out))
+            if len(out) >= READ_CHUNK:
+                break
+            try:
+                skipped = os.stat(self.path + ".1").st_ino not in (self.ino, st.st_ino)
+            except OSError:
+                skipped = False
+            if not (skipped and self._open(self.path + ".1")) and not self._open(self.path):
+                break
+        self.consumed += len(out)
+        return out
 
     def close(self) -> None:
         if self.f is not None:

@@ -17,7 +17,7 @@ from .monitor import Finding
 
 # a process group label as the tracer writes it ("default", "pg3[0,2]"); point-to-point labels
 # ("default:p2p") are never renumbered
-_LABEL = r"(?:default|pg[^\s\[\]:;,()]*(?:\[[^\]]*\])?)(?![\w:\[])"
+_LABEL = r"(?:default|pg[^\s\[\]:;,()]*(?:\[[^\]]*\])?)(?!:p2p|[\w\[])"
 _WORDS = (("left the test (passed)", "exited normally"),
           ("never started this test", "never created the default process group"),
           ("the test exceeded its", "the job exceeded its"))
