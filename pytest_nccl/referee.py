@@ -19,9 +19,9 @@ The rules, in the order they are applied:
 A watched job (``pytest-nccl watch``, ``rolling=True``) is not one call but hours of them: there the
 bound is for a stall, not for the whole run. It starts again whenever the transport's measure of
 progress (``journal_sizes``) changes, and when it is reached while no running rank waits in a
-collective (seen in the journals, else in the Flight Recorder): ranks that compute, evaluate or
-write a checkpoint are busy, not stuck. So rule 2 reads: a rank has waited in a collective for
-``bound`` seconds and no rank made progress meanwhile (a hang, or a slow rank).
+collective (seen in the journals, else in the Flight Recorder; twice, ``poll`` apart): ranks that
+compute, evaluate or write a checkpoint are busy, not stuck. So rule 2 reads: a rank has waited in
+a collective for ``bound`` seconds and no rank made progress meanwhile (a hang, or a slow rank).
 """
 
 from __future__ import annotations
@@ -91,6 +91,7 @@ class Referee:
         self.flight_recorder = flight_recorder
         self.rolling = rolling                      # watch mode: the bound is for a stall (module doc)
         self._progress = None
+        self._looked = False                        # rolling: a wait seen once at the deadline
         self.deadline = t0 + bound
         self.states: dict[int, RankState] = {}     # ranks that finished (outcome, or died)
         self.failed_at: float | None = None
@@ -145,13 +146,25 @@ class Referee:
         return None
 
     def _roll(self, now: float, view: CallView, live: list) -> None:
-        """Watch mode: progress, or nobody waiting in a collective at the deadline, restarts the bound."""
+        """Watch mode: progress, or nobody waiting in a collective at the deadline, restarts the bound.
+        A wait counts when it is seen twice, ``poll`` apart, with no progress showing meanwhile (not
+        a collective caught in the instant it completes; the Flight Recorder's answer may carry
+        fresher progress than the transport had)."""
         sizes = view.journal_sizes()
         if sizes != self._progress:
-            self._progress = sizes
+            self._progress, self._looked = sizes, False
             self.deadline = now + self.bound
-        elif now >= self.deadline and not self._someone_waits(view, live):
-            self.deadline = now + self.bound
+        elif now >= self.deadline:
+            waits = self._someone_waits(view, live)
+            if view.journal_sizes() != sizes:
+                self._progress, self._looked = view.journal_sizes(), False
+                self.deadline = now + self.bound
+            elif not waits:
+                self._looked = False
+                self.deadline = now + self.bound
+            elif not self._looked:
+                self._looked = True
+                self.deadline = now + self.timing.poll
 
     @staticmethod
     def _someone_waits(view: CallView, live: list) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -23,7 +24,7 @@ import pytest
 from conftest import assert_no_leftovers, line_of, processes_with_tag
 from pytest_nccl.journal import JournalTail
 from pytest_nccl.records import RankState
-from pytest_nccl.referee import Reason, Referee
+from pytest_nccl.referee import TIMING, Reason, Referee
 from pytest_nccl.watch import jobdir, present
 from pytest_nccl.watch.cli import EXIT_DIAGNOSED, EXIT_DIAGNOSED_KEPT, EXIT_USAGE, main
 from pytest_nccl.watch.monitor import KEEP, JournalFile, Monitor
@@ -79,6 +80,26 @@ elif case == "keep":
             print(f"rank 0 gave up on its own: {type(exc).__name__}", flush=True)
 """
 
+DDP = """
+import sys, time
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model = DDP(torch.nn.Linear(4, 4))
+for step in range(60):
+    if step == 5 and rank == 1 and sys.argv[1] == "slow":
+        time.sleep(300)  # the slow rank
+    model(torch.randn(8, 4)).sum().backward()  # the reducer's all_reduce, issued from C++
+    time.sleep(0.01)
+    if step == 30:
+        time.sleep(4)  # every rank busy: an evaluation, longer than --timeout
+print(f"rank {rank} done", flush=True)
+dist.destroy_process_group()
+"""
+
 USER_SITECUSTOMIZE = """
 import os, sys
 sys.stderr.write(f"user sitecustomize in pid {os.getpid()}\\n")
@@ -114,16 +135,17 @@ def _env(tag: str, pythonpath: list | None = None, **extra) -> dict:
     return env
 
 
-def _command(tmp_path: Path, case: str, watch_args: tuple) -> list:
-    (tmp_path / "train.py").write_text(textwrap.dedent(TRAIN).lstrip("\n"))
+def _command(tmp_path: Path, case: str, watch_args: tuple, source: str = TRAIN) -> list:
+    (tmp_path / "train.py").write_text(textwrap.dedent(source).lstrip("\n"))
     return [sys.executable, "-m", "pytest_nccl", "watch", *watch_args, "--json", str(tmp_path / "verdict.json"),
             "--", sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
             "--master-addr=127.0.0.1", f"--master-port={_free_port()}", "train.py", case]
 
 
-def watch(tmp_path: Path, case: str, *watch_args: str, pythonpath: list | None = None, **env) -> Watched:
+def watch(tmp_path: Path, case: str, *watch_args: str, pythonpath: list | None = None, source: str = TRAIN,
+          **env) -> Watched:
     tag = uuid.uuid4().hex
-    command = _command(tmp_path, case, watch_args)
+    command = _command(tmp_path, case, watch_args, source)
     t0 = time.monotonic()
     try:
         proc = subprocess.run(command, cwd=tmp_path, env=_env(tag, pythonpath, **env), capture_output=True,
@@ -237,6 +259,23 @@ def test_keep_running_reports_and_lets_the_job_finish(tmp_path):
     assert run.summary["verdict"] and not run.summary["ended_by_watch"]
 
 
+def test_ddp_collectives_issued_from_cpp(tmp_path):
+    """DDP's all-reduces never reach the Python tracer: the Flight Recorder's progress keeps a
+    healthy job (even one pausing longer than --timeout on every rank) from looking stuck."""
+    run = watch(tmp_path, "healthy", "--timeout", "2", source=DDP)
+    assert run.code == 0 and "rank 0 done" in run.stdout and "rank 1 done" in run.stdout, run.text
+    assert run.summary["verdict"] is False, run.text
+
+
+def test_ddp_slow_rank_is_seen_by_the_flight_recorder(tmp_path):
+    run = watch(tmp_path, "slow", "--timeout", "3", source=DDP)
+    assert run.code == EXIT_DIAGNOSED, run.text
+    assert (f"slow rank: rank 1 is busy outside any collective at train.py (line {line_of(DDP, '# the slow rank')}, "
+            "in <module>)") in run.stderr, run.stderr
+    assert "rank 0 waited 3 s (--timeout) with no progress in all_reduce #" in run.stderr
+    assert "(issued from C++, seen by the Flight Recorder)" in run.stderr
+
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
 def test_nothing_outlives_the_watch(tmp_path, sig):
     """Killed (SIGKILL: the launcher gets PR_SET_PDEATHSIG) or interrupted (Ctrl-C: the watch ends
@@ -245,12 +284,11 @@ def test_nothing_outlives_the_watch(tmp_path, sig):
     proc = subprocess.Popen(_command(tmp_path, "hang", ("--timeout", "300")), cwd=tmp_path, env=_env(tag),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     try:
-        trained = 0
-        deadline = time.monotonic() + 60
-        while trained < 2 and time.monotonic() < deadline:  # both ranks are in the hang
-            out = proc.stdout.readline()
-            trained += "trained" in out
-        assert trained == 2
+        seen, deadline = "", time.monotonic() + 60
+        while not all(f"rank {r} trained" in seen for r in (0, 1)) and time.monotonic() < deadline:
+            if select.select([proc.stdout], [], [], 1.0)[0]:  # both ranks are in the hang
+                seen += os.read(proc.stdout.fileno(), 4096).decode()
+        assert all(f"rank {r} trained" in seen for r in (0, 1)), seen
         time.sleep(0.5)
         proc.send_signal(sig)
         code = proc.wait(timeout=30)
@@ -308,8 +346,19 @@ def test_rolling_bound_counts_a_stall_not_the_job():
         assert referee.step(float(now), busy) is None
     busy.journals_now[0].append(_rec(0, 2, state="entered"))  # rank 0 now waits, nothing moves
     busy.progress = -1
-    reasons = [(now, referee.step(float(now), busy)) for now in range(120, 130)]
-    assert [now for now, reason in reasons if reason == Reason.TIMEOUT][0] == 125
+    steps = [round(120 + i * 0.01, 2) for i in range(1000)]
+    timeout_at = next(now for now in steps if referee.step(now, busy) == Reason.TIMEOUT)
+    assert 125 < timeout_at <= 125 + 2 * TIMING.poll  # seen waiting twice, a poll apart
+
+
+def test_rolling_bound_ignores_a_collective_caught_completing():
+    view = FakeView({0: [_rec(0, 1, state="entered")], 1: [_rec(1, 1)]})
+    referee = Referee(2, bound=5.0, t0=0.0, rolling=True)
+    assert referee.step(0.0, view) is None
+    assert referee.step(5.0, view) is None          # at the deadline rank 0 seems to wait...
+    view.journals_now[0][0].state = "completed"     # ...it was completing: the journal grows
+    view.progress = 1
+    assert referee.step(5.05, view) is None and referee.deadline == 10.05
 
 
 def test_journal_tail_reads_a_growing_journal():

@@ -72,8 +72,9 @@ class Agent:
         self.journal = jobdir.journal(directory, rank)
         self.segment = jobdir.segment_bytes()
         watcher = int(os.environ.get(jobdir.ENV_WATCHER) or 0)
-        # only a watch this process can see (not one outside its pid namespace)
-        self.watcher = watcher if watcher and alive(watcher) else 0
+        # only a watch on this host that this process can see (not one outside its pid namespace)
+        same_host = os.environ.get(jobdir.ENV_WATCHER_HOST) == socket.gethostname()
+        self.watcher = watcher if watcher and same_host and alive(watcher) else 0
         self.rotations = 0
         try:
             os.unlink(self.path)

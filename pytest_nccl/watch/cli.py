@@ -22,6 +22,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -93,6 +94,7 @@ def job_env(directory: str) -> dict:
     env[jobdir.ENV_DIR] = directory
     env[jobdir.ENV_PKG] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env[jobdir.ENV_WATCHER] = str(os.getpid())
+    env[jobdir.ENV_WATCHER_HOST] = socket.gethostname()
     env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")  # C++-issued collectives (DDP) become visible
     return env
 
@@ -239,9 +241,13 @@ class Watch:
             say(present.report_text(finding, timeout))
         present.to_absolute(finding, timeout)
         if self.args.trace_dir:
-            self.trace_files = present.write_trace(self.args.trace_dir, finding, timeout)
-            if not quiet:
-                say(f"{PROG}: trace written to {self.trace_files[0]}")
+            try:
+                self.trace_files = present.write_trace(self.args.trace_dir, finding, timeout)
+            except OSError as exc:
+                say(f"{PROG}: cannot write the trace to {self.args.trace_dir}: {exc}")
+            else:
+                if not quiet:
+                    say(f"{PROG}: trace written to {self.trace_files[0]}")
 
     def _done(self, code: int, returncode) -> int:
         if self.args.json:
@@ -249,6 +255,9 @@ class Watch:
                                    job_exit_code=None if returncode is None else status_of(returncode),
                                    command=self.command, timeout=self.args.timeout,
                                    ended_by_watch=self.ended_by_watch, trace_files=self.trace_files)
-            with open(self.args.json, "w") as f:
-                f.write(text + "\n")
+            try:
+                with open(self.args.json, "w") as f:
+                    f.write(text + "\n")
+            except OSError as exc:
+                say(f"{PROG}: cannot write --json {self.args.json}: {exc}")
         return code

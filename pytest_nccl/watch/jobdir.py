@@ -20,6 +20,7 @@ import os
 ENV_DIR = "PYTEST_NCCL_WATCH_DIR"        # the job's directory; its presence turns the hook on
 ENV_PKG = "PYTEST_NCCL_WATCH_PKG"        # a directory pytest_nccl can be imported from
 ENV_WATCHER = "PYTEST_NCCL_WATCH_PID"    # the watch process: ranks end themselves when it is gone
+ENV_WATCHER_HOST = "PYTEST_NCCL_WATCH_HOST"  # ... when they run on its host (pids mean nothing elsewhere)
 ENV_SEGMENT = "PYTEST_NCCL_WATCH_SEGMENT_MB"
 DEFAULT_SEGMENT_MB = 16.0
 

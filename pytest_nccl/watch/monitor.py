@@ -35,6 +35,15 @@ FATAL_SIGNALS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus err
                  "Floating point exception": "SIGFPE", "Illegal instruction": "SIGILL"}
 
 
+def fr_progress(pg_status) -> tuple | None:
+    """The Flight Recorder's per-group progress (last enqueued, last completed) in one comparable
+    value: it moves with every collective, those issued from C++ (DDP's reducer) included."""
+    if not pg_status:
+        return None
+    return tuple(sorted((pg, s.get("last_enqueued_collective"), s.get("last_completed_collective"))
+                        for pg, s in pg_status.items()))
+
+
 class JournalFile:
     """One rank's journal, followed by name: each read continues where the last one stopped; when
     the rank rotated the file (``agent.rotate``), the rest of the old one comes first, then the
@@ -196,6 +205,10 @@ class JobView:
                 answer = f.ask("dump", TIMING.stacks_wait)
                 if answer and answer.get("fr_json"):
                     dumps[r] = records_from_dump(answer["fr_json"], r)
+                    try:  # fresher than the last status poll
+                        f.fr_progress = fr_progress(json.loads(answer["fr_json"]).get("pg_status"))
+                    except ValueError:
+                        pass
         if not dumps:
             return None
         journals = {r: [copy.copy(rec) for rec in recs] for r, recs in self.journals().items()}
@@ -329,9 +342,7 @@ class Monitor:
                 if f.state is None:
                     answer = f.ask("status", 1.0)
                     if answer is not None and answer.get("fr"):
-                        f.fr_progress = tuple(sorted((pg, s.get("last_enqueued_collective"),
-                                                      s.get("last_completed_collective"))
-                                                     for pg, s in answer["fr"].items()))
+                        f.fr_progress = fr_progress(answer["fr"])
 
     def close(self) -> None:
         self._stop.set()

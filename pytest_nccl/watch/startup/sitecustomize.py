@@ -20,19 +20,27 @@ def _hook():
         return
     if "RANK" not in os.environ and "SLURM_PROCID" not in os.environ:
         return
-    # the watch's own copy of pytest_nccl first (the rank and the watch must agree on the files),
-    # without leaving its directory on sys.path
+    # the watch's own copy of pytest_nccl (the ranks and the watch must agree on the files), loaded
+    # from where the watch has it without putting that directory on sys.path
     where = os.environ.get("PYTEST_NCCL_WATCH_PKG")
-    if where:
-        sys.path.insert(0, where)
+    if where and "pytest_nccl" not in sys.modules:
+        import importlib.machinery
+        import importlib.util
+
+        spec = importlib.machinery.PathFinder.find_spec("pytest_nccl", [where])
+        if spec is not None:
+            package = importlib.util.module_from_spec(spec)
+            sys.modules["pytest_nccl"] = package
+            try:
+                spec.loader.exec_module(package)
+            except BaseException:
+                del sys.modules["pytest_nccl"]
+                raise
     try:
         from pytest_nccl.watch import inject
     except ImportError as exc:
         sys.stderr.write(f"pytest-nccl watch: cannot import pytest_nccl in this process: {exc}\n")
         return
-    finally:
-        if where and where in sys.path:
-            sys.path.remove(where)
     inject.bootstrap()
 
 
