@@ -3,6 +3,8 @@
 Commands:
   bisect   find the release of a package that broke (or fixed) a pytest selection; see
            ``python -m pytest_nccl bisect --help`` and docs/bisect.md
+  watch    run a distributed job with its collectives traced; diagnose and end it when it hangs
+           or desyncs; see ``python -m pytest_nccl watch --help`` and docs/watch.md
 """
 
 from __future__ import annotations
@@ -11,9 +13,12 @@ import sys
 
 USAGE = """usage: python -m pytest_nccl bisect PACKAGE --good V --bad V [options] -- PYTEST-ARGS
        python -m pytest_nccl bisect PACKAGE --sweep --from V --to V [options] -- PYTEST-ARGS
+       python -m pytest_nccl watch [--timeout S] [--trace-dir DIR] [--keep-running] [--quiet]
+                                   [--json FILE] -- LAUNCH COMMAND...
 
 commands:
   bisect   find the first bad (or first fixed) release of PACKAGE for a pytest selection
+  watch    trace a running job's collectives; diagnose and end it when it hangs or desyncs
 """
 
 
@@ -27,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bisect.cli import main as bisect_main
 
         return bisect_main(rest)
+    if cmd == "watch":
+        from .watch.cli import main as watch_main
+
+        return watch_main(rest)
     sys.stderr.write(f"pytest-nccl: unknown command {cmd!r}\n\n{USAGE}")
     return 2
 

@@ -139,3 +139,53 @@ def read_journal(path: str, rank: int) -> list[CollectiveRecord]:
             return parse_journal(f.read(), rank)
     except FileNotFoundError:
         return []
+
+
+class JournalTail:
+    """A journal read as it grows (``pytest-nccl watch`` follows a running job): ``feed`` takes the
+    bytes that followed the last chunk and returns the records they entered; their W, C and R lines
+    may update records of earlier chunks. A line cut at the end of a chunk waits for the next one.
+    The same format as ``parse_journal``, whose whole-file reading the forked and SPMD modes keep."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.by_key: dict[tuple[str, int], CollectiveRecord] = {}
+        self._rest = b""
+
+    def feed(self, data: bytes) -> list[CollectiveRecord]:
+        data = self._rest + data
+        cut = data.rfind(b"\n") + 1
+        self._rest = data[cut:]
+        new: list[CollectiveRecord] = []
+        for line in data[:cut].decode("utf-8", errors="replace").split("\n"):
+            fields = line.split("\t")
+            kind = fields[0]
+            try:
+                if kind == "E" and len(fields) >= 10:
+                    rec = CollectiveRecord(
+                        rank=self.rank, pg=fields[1], seq=int(fields[2]), op=fields[3],
+                        async_op=fields[4] == "1", t_start=float(fields[5]), shapes=fields[6],
+                        dtype=fields[7], fr_seq=int(fields[8]) if fields[8] not in ("", "None") else None,
+                        site=fields[9], state=ENTERED)
+                    new.append(rec)
+                    self.by_key[(rec.pg, rec.seq)] = rec
+                elif kind in ("W", "C", "R") and len(fields) >= 4:
+                    rec = self.by_key.get((fields[1], int(fields[2])))
+                    if rec is None:
+                        continue
+                    if kind == "R":
+                        rec.fr_seq_end = int(fields[3])
+                    elif kind == "W":
+                        if rec.state != COMPLETED:
+                            rec.state = WAITING
+                    else:
+                        rec.state = COMPLETED
+                        rec.duration = max(0.0, float(fields[3]) - rec.t_start)
+            except ValueError:
+                continue
+        return new
+
+    def forget(self, pg: str, upto: int) -> None:
+        """Drop the records of ``pg`` numbered up to ``upto`` (the reader keeps a window)."""
+        for key in [k for k in self.by_key if k[0] == pg and k[1] <= upto]:
+            del self.by_key[key]

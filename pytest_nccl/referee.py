@@ -20,6 +20,13 @@ The rules, in the order they are applied:
 6. no journal grew for ``deadlock_quiet`` and some running ranks are in a certain deadlock
    (``records.stuck_ranks``): point-to-point transfers nobody can pair (a tag, a peer that differs),
    or collectives of different groups, each waiting for a rank blocked in the other: decided.
+
+A watched job (``pytest-nccl watch``, ``rolling=True``) is not one call but hours of them: there the
+bound is for a stall, not for the whole run. It starts again whenever the transport's measure of
+progress (``journal_sizes``) changes, and when it is reached while no running rank waits in a
+collective (seen in the journals, else in the Flight Recorder; twice, ``poll`` apart): ranks that
+compute, evaluate or write a checkpoint are busy, not stuck. So rule 2 reads: a rank has waited in
+a collective for ``bound`` seconds and no rank made progress meanwhile (a hang, or a slow rank).
 """
 
 from __future__ import annotations
@@ -142,9 +149,12 @@ class Referee:
     """Watches one call of ``world`` ranks that started at ``t0`` with ``bound`` seconds."""
 
     def __init__(self, world: int, bound: float, t0: float, trace: bool = True, timing: Timing = TIMING,
-                 flight_recorder: bool = False):
+                 flight_recorder: bool = False, rolling: bool = False):
         self.world, self.bound, self.t0, self.trace, self.timing = world, bound, t0, trace, timing
         self.flight_recorder = flight_recorder
+        self.rolling = rolling                      # watch mode: the bound is for a stall (module doc)
+        self._progress = None
+        self._looked = False                        # rolling: a wait seen once at the deadline
         self.deadline = t0 + bound
         self.states: dict[int, RankState] = {}     # ranks that finished (outcome, or died)
         self.failed_at: float | None = None
@@ -172,6 +182,8 @@ class Referee:
         live = self.live
         if not live:
             return Reason.COMPLETED
+        if self.rolling:
+            self._roll(now, view, live)
         if now >= self.deadline:
             return Reason.TIMEOUT
         if self.failed_at is not None and now >= self.failed_at + self.timing.grace_after_failure:
@@ -201,6 +213,36 @@ class Referee:
             if merged is not None and waits_for_a_finished_rank(merged, live_map):
                 return Reason.DECIDED
         return None
+
+    def _roll(self, now: float, view: CallView, live: list) -> None:
+        """Watch mode: progress, or nobody waiting in a collective at the deadline, restarts the bound.
+        A wait counts when it is seen twice, ``poll`` apart, with no progress showing meanwhile (not
+        a collective caught in the instant it completes; the Flight Recorder's answer may carry
+        fresher progress than the transport had)."""
+        sizes = view.journal_sizes()
+        if sizes != self._progress:
+            self._progress, self._looked = sizes, False
+            self.deadline = now + self.bound
+        elif now >= self.deadline:
+            waits = self._someone_waits(view, live)
+            if view.journal_sizes() != sizes:
+                self._progress, self._looked = view.journal_sizes(), False
+                self.deadline = now + self.bound
+            elif not waits:
+                self._looked = False
+                self.deadline = now + self.bound
+            elif not self._looked:
+                self._looked = True
+                self.deadline = now + self.timing.poll
+
+    @staticmethod
+    def _someone_waits(view: CallView, live: list) -> bool:
+        """A running rank sits in a collective: in its journal, else in the Flight Recorder (issued
+        from C++: DDP's reducer)."""
+        def waits(journals) -> bool:
+            return journals is not None and any(
+                RankView(r, records=journals.get(r, [])).current is not None for r in live)
+        return waits(view.journals()) or waits(view.flight_recorder_journals())
 
     def wake_at(self) -> float:
         """The latest time the transport should call ``step`` again, with no news from the ranks."""

@@ -435,6 +435,12 @@ def stop() -> tuple[dict[str, tuple], int]:
     return digests, dangling
 
 
+def journal_fd() -> int:
+    """The descriptor the running trace writes its journal to, or -1: ``pytest-nccl watch`` bounds a
+    long job's journal by pointing it at a fresh file (``os.dup2``), keeping the last segment."""
+    return _active.fd if _active is not None else -1
+
+
 def flight_recorder_json() -> str | None:
     try:
         return torch._C._distributed_c10d._dump_fr_trace_json().decode()

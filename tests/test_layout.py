@@ -9,7 +9,10 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "pytest_nccl"
 # What every forked rank imports: small, fast to load, nothing of the controller side.
-RANK_SIDE = {"rank", "tracer", "journal", "protocol", "stacks", "zygote", "records", "errors"}
+RANK_SIDE = {"rank", "tracer", "journal", "protocol", "stacks", "zygote", "records", "errors",
+             # pytest-nccl watch: the start-up hook every process of a watched job runs
+             "watch", "watch.startup", "watch.startup.sitecustomize", "watch.inject", "watch.agent",
+             "watch.jobdir"}
 # Pure: tested on data with a fake clock; no torch, no processes, no sockets.
 PURE = {"referee", "diagnose", "records", "flight", "settings", "timeline", "swimlane", "swimlane_page"}
 PURE_FORBIDDEN = {"torch", "subprocess", "socket", "multiprocessing", "threading", "signal"}

@@ -1,0 +1,141 @@
+"""Controller side of ``pytest-nccl watch``: the launch command's processes.
+
+- ``launch``: the command in a process group of its own (so that ending it never signals the
+  watch), with ``PR_SET_PDEATHSIG`` = SIGTERM: if the watch dies, even by SIGKILL, the launcher is
+  told to stop its ranks (torchrun does). Its stdout and stderr are the watch's, untouched.
+- the watch makes itself a child subreaper (``PR_SET_CHILD_SUBREAPER``): a rank whose launcher died
+  becomes the watch's child rather than init's, so ``descendants()`` still finds it (torchrun starts
+  every rank in a session of its own: the launcher's process group does not reach them).
+- ``end``: SIGTERM to the launcher's process group and to every descendant, then SIGKILL to whatever
+  is left after ``term_wait``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import time
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def become_subreaper() -> bool:
+    return _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def launch(command: list, env: dict) -> subprocess.Popen:
+    """Raises FileNotFoundError / PermissionError when the command cannot be executed."""
+    watcher = os.getpid()
+
+    def in_child():  # between fork and exec: async-signal-safe calls only
+        os.setpgid(0, 0)
+        _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != watcher:  # the watch died before the prctl
+            os._exit(1)
+
+    return subprocess.Popen(command, env=env, preexec_fn=in_child)
+
+
+def descendants(root: int | None = None) -> list[int]:
+    """Live (not zombie) processes below ``root`` (default: this process), from /proc."""
+    root = os.getpid() if root is None else root
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def reap(launcher: subprocess.Popen) -> None:
+    """Collect exited children other than the launcher (ranks adopted as subreaper); the launcher's
+    status stays for ``Popen``."""
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None or info.si_pid == 0:
+            return
+        if info.si_pid == launcher.pid:
+            if launcher.poll() is None:
+                return
+            continue
+        try:
+            os.waitpid(info.si_pid, 0)
+        except ChildProcessError:
+            pass
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def _signal(pids, sig) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def end(launcher: subprocess.Popen, term_wait: float = 5.0) -> None:
+    """End the launcher and every process below the watch: SIGTERM (once each: torchrun takes a
+    second one in the middle of stopping its workers badly), then SIGKILL after ``term_wait``
+    seconds to whatever is left."""
+    try:
+        os.killpg(launcher.pid, signal.SIGTERM)
+    except OSError:
+        pass
+    _signal([pid for pid in descendants() if _pgid(pid) != launcher.pid], signal.SIGTERM)
+    deadline = time.monotonic() + term_wait
+    while time.monotonic() < deadline:
+        reap(launcher)
+        if launcher.poll() is not None and not descendants():
+            return
+        time.sleep(0.05)
+    kill_all(launcher)
+
+
+def kill_all(launcher: subprocess.Popen) -> None:
+    try:
+        os.killpg(launcher.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    for _ in range(20):  # a process may fork while we kill its parent
+        left = descendants()
+        if not left:
+            break
+        _signal(left, signal.SIGKILL)
+        time.sleep(0.05)
+        reap(launcher)
+    try:
+        launcher.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+    reap(launcher)

@@ -1,0 +1,89 @@
+"""Both sides of ``pytest-nccl watch``: the files of one watched job and the environment that names
+them. Standard library only (every rank imports it).
+
+In ``$PYTEST_NCCL_WATCH_DIR`` (a private directory the watch creates per job), per rank R:
+
+    journal-R.txt    the tracer's journal (journal.py), from the moment the default group exists;
+                     rotated to journal-R.txt.1 past ``segment_bytes()`` (the last segment is kept)
+    rank-R.json      written once the default group exists: rank, world, pid, host, backend
+    exit-R.json      written at exit: passed, or raised (exception line and traceback); absent
+                     when the process was killed
+    fatal-R.txt      faulthandler's output on a fatal signal (SIGSEGV, SIGABRT...)
+    rank-R.sock      a unix socket the rank's agent thread answers on (stacks, Flight Recorder)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+ENV_DIR = "PYTEST_NCCL_WATCH_DIR"        # the job's directory; its presence turns the hook on
+ENV_PKG = "PYTEST_NCCL_WATCH_PKG"        # a directory pytest_nccl can be imported from
+ENV_WATCHER = "PYTEST_NCCL_WATCH_PID"    # the watch process: ranks end themselves when it is gone
+ENV_WATCHER_HOST = "PYTEST_NCCL_WATCH_HOST"  # ... when they run on its host (pids mean nothing elsewhere)
+ENV_SEGMENT = "PYTEST_NCCL_WATCH_SEGMENT_MB"
+DEFAULT_SEGMENT_MB = 16.0
+
+
+def journal(directory: str, rank: int) -> str:
+    return os.path.join(directory, f"journal-{rank}.txt")
+
+
+def rank_info(directory: str, rank: int) -> str:
+    return os.path.join(directory, f"rank-{rank}.json")
+
+
+def exit_record(directory: str, rank: int) -> str:
+    return os.path.join(directory, f"exit-{rank}.json")
+
+
+def fatal(directory: str, rank: int) -> str:
+    return os.path.join(directory, f"fatal-{rank}.txt")
+
+
+def socket_path(directory: str, rank: int) -> str:
+    return os.path.join(directory, f"rank-{rank}.sock")
+
+
+def rank_of(name: str) -> int | None:
+    """The rank of a ``rank-R.json`` file name, else None."""
+    if name.startswith("rank-") and name.endswith(".json"):
+        try:
+            return int(name[5:-5])
+        except ValueError:
+            return None
+    return None
+
+
+def segment_bytes() -> int:
+    try:
+        mb = float(os.environ.get(ENV_SEGMENT, DEFAULT_SEGMENT_MB))
+    except ValueError:
+        mb = DEFAULT_SEGMENT_MB
+    return max(1 << 16, int(mb * (1 << 20)))
+
+
+def write_json(path: str, data: dict) -> None:
+    """Whole or not at all: the reader never sees half a file."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def read_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def process_start(pid: int) -> int | None:
+    """The kernel's start time of ``pid`` (clock ticks since boot): with the pid, it names one
+    process even after the pid is reused. None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None

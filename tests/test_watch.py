@@ -1,0 +1,440 @@
+"""``pytest-nccl watch``: real torchrun jobs (gloo, world 2) under the watch, and its parts on data.
+
+Each job scenario is a real ``python -m torch.distributed.run`` run of a small training script,
+bounded in time; afterwards no process carrying the run's tag (through the environment, which the
+launcher and the ranks inherit) may be alive."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import assert_no_leftovers, line_of, processes_with_tag
+from pytest_nccl.journal import JournalTail
+from pytest_nccl.records import RankState
+from pytest_nccl.referee import TIMING, Reason, Referee
+from pytest_nccl.watch import jobdir, present
+from pytest_nccl.watch.cli import EXIT_DIAGNOSED, EXIT_DIAGNOSED_KEPT, EXIT_USAGE, main
+from pytest_nccl.watch.monitor import KEEP, JournalFile, Monitor
+
+REPO = Path(__file__).resolve().parents[1]
+JOB_TIMEOUT = 90  # one watched job; longer is itself a hang
+DROP_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+            "GROUP_RANK", "ROLE_RANK", "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT",
+            "SLURM_PROCID", "PYTEST_NCCL_WATCH_DIR")
+
+TRAIN = """
+import atexit, datetime, os, subprocess, sys, time
+import torch
+import torch.distributed as dist
+
+case = sys.argv[1]
+if case in ("left", "keep") and os.environ["RANK"] == "1":
+    # gloo tells rank 0 at once when rank 1's process is gone (NCCL would let it wait for good):
+    # rank 1 lingers at exit, after its exit record, so that the watch finds it, not gloo
+    atexit.register(time.sleep, 3)
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=float(os.environ.get("PG_TIMEOUT", "120"))))
+rank = dist.get_rank()
+t = torch.ones(2)
+for step in range(3):
+    dist.all_reduce(t)  # the training loop
+print(f"rank {rank} trained", flush=True)
+if case == "clean":
+    import sitecustomize
+    chained = getattr(sitecustomize, "USER_MARK", None)
+    child = subprocess.run([sys.executable, "-c", "import sys; print(sorted(m for m in sys.modules if m.startswith(('pytest_nccl', 'torch'))))"],
+                           env={k: v for k, v in os.environ.items() if k != "RANK"}, capture_output=True, text=True)
+    print(f"rank {rank}: result {t.tolist()} traced {getattr(dist.all_reduce, '_pytest_nccl_traced', False)} "
+          f"chained {chained} child {child.stdout.strip()}", flush=True)
+    dist.destroy_process_group()
+elif case == "left":
+    if rank == 1:
+        sys.exit(0)
+    dist.all_reduce(t)  # rank 0 waits here
+elif case == "shape":
+    dist.all_reduce(torch.ones(4 if rank else 1))  # the mismatch
+    dist.all_reduce(t)
+elif case == "hang":
+    dist.recv(torch.zeros(1), src=1 - rank)  # each rank waits for the other
+elif case == "slow":
+    if rank == 1:
+        time.sleep(300)  # the slow rank
+    dist.all_reduce(t)  # rank 0 waits for it
+elif case == "keep":
+    if rank == 0:
+        try:
+            dist.all_reduce(t)  # rank 1 never comes
+        except Exception as exc:
+            print(f"rank 0 gave up on its own: {type(exc).__name__}", flush=True)
+"""
+
+DDP = """
+import sys, time
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model = DDP(torch.nn.Linear(4, 4))
+for step in range(60):
+    if step == 5 and rank == 1 and sys.argv[1] == "slow":
+        time.sleep(300)  # the slow rank
+    model(torch.randn(8, 4)).sum().backward()  # the reducer's all_reduce, issued from C++
+    time.sleep(0.01)
+    if step == 30:
+        time.sleep(4)  # every rank busy: an evaluation, longer than --timeout
+print(f"rank {rank} done", flush=True)
+dist.destroy_process_group()
+"""
+
+USER_SITECUSTOMIZE = """
+import os, sys
+sys.stderr.write(f"user sitecustomize in pid {os.getpid()}\\n")
+USER_MARK = 42
+"""
+
+
+@dataclass
+class Watched:
+    code: int
+    stdout: str
+    stderr: str
+    elapsed: float
+    tag: str
+    summary: dict | None
+
+    @property
+    def text(self) -> str:
+        return self.stdout + "\n" + self.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(tag: str, pythonpath: list | None = None, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in DROP_ENV and not k.startswith("TORCHELASTIC_")}
+    paths = [str(p) for p in (pythonpath or [])] + [str(REPO)]
+    env.update(PYTEST_NCCL_TEST_TAG=tag, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(paths), **extra)
+    return env
+
+
+def _command(tmp_path: Path, case: str, watch_args: tuple, source: str = TRAIN) -> list:
+    (tmp_path / "train.py").write_text(textwrap.dedent(source).lstrip("\n"))
+    return [sys.executable, "-m", "pytest_nccl", "watch", *watch_args, "--json", str(tmp_path / "verdict.json"),
+            "--", sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+            "--master-addr=127.0.0.1", f"--master-port={_free_port()}", "train.py", case]
+
+
+def watch(tmp_path: Path, case: str, *watch_args: str, pythonpath: list | None = None, source: str = TRAIN,
+          **env) -> Watched:
+    tag = uuid.uuid4().hex
+    command = _command(tmp_path, case, watch_args, source)
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(command, cwd=tmp_path, env=_env(tag, pythonpath, **env), capture_output=True,
+                              text=True, timeout=JOB_TIMEOUT, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the watch did not finish within {JOB_TIMEOUT} s:\n{exc.stdout}\n{exc.stderr}")
+    elapsed = time.monotonic() - t0
+    assert_no_leftovers(tag, wait=10.0)
+    path = tmp_path / "verdict.json"
+    summary = json.loads(path.read_text()) if path.exists() else None
+    return Watched(proc.returncode, proc.stdout, proc.stderr, elapsed, tag, summary)
+
+
+def line(snippet: str) -> int:
+    return line_of(TRAIN, snippet)
+
+
+# -- real jobs ----------------------------------------------------------------------------------------
+
+def test_clean_job_passes_through_untouched(tmp_path):
+    """Exit status and output are the job's own; the ranks are traced; an existing sitecustomize
+    still runs, in every process; a Python process that is not a rank imports nothing of ours."""
+    user = tmp_path / "usersite"
+    user.mkdir()
+    (user / "sitecustomize.py").write_text(textwrap.dedent(USER_SITECUSTOMIZE))
+    run = watch(tmp_path, "clean", pythonpath=[user])
+    assert run.code == 0, run.text
+    rest = run.stdout
+    for rank in (0, 1):  # the ranks run under python -u: their lines may interleave
+        for text in (f"rank {rank} trained", f"rank {rank}: result [8.0, 8.0] traced True chained 42 child []"):
+            assert text in rest, run.text
+            rest = rest.replace(text, "", 1)
+    assert not rest.strip(), run.text  # nothing else on stdout
+    # the watch itself, the launcher and both ranks ran the user's sitecustomize
+    assert run.stderr.count("user sitecustomize in pid") >= 4, run.stderr
+    assert "=====" not in run.stderr and "diagnosed" not in run.stderr, run.stderr
+    assert run.summary["verdict"] is False and run.summary["exit_code"] == 0 and run.summary["job_exit_code"] == 0
+
+
+def test_not_a_rank_is_untouched_and_its_status_passes_through(tmp_path):
+    tag = uuid.uuid4().hex
+    code = "import sys; print(sorted(m for m in sys.modules if m.startswith(('pytest_nccl', 'torch')))); sys.exit(7)"
+    proc = subprocess.run([sys.executable, "-m", "pytest_nccl", "watch", "--", sys.executable, "-c", code],
+                          cwd=tmp_path, env=_env(tag), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 7, proc.stderr
+    assert proc.stdout == "[]\n"
+    assert "no rank reported" in proc.stderr
+    assert_no_leftovers(tag)
+
+
+def test_rank_that_left_is_diagnosed_at_once_and_the_job_ended(tmp_path):
+    run = watch(tmp_path, "left", "--timeout", "60", "--trace-dir", str(tmp_path / "trace"))
+    headline = ("rank 1 exited normally after 3 collectives in group default; rank 0 waits in all_reduce #4 "
+                f"of group default from train.py:{line('# rank 0 waits here')}")
+    assert run.code == EXIT_DIAGNOSED, run.text
+    assert headline in run.stderr, run.stderr
+    assert run.stderr.count(headline) == 1
+    # the same report as the test modes: the trace table, where each rank is, the stuck rank's stack
+    assert ">>   #4 all_reduce [2] ..                  -" in run.stderr
+    assert "-- Python stack of rank 0 (all threads) --" in run.stderr
+    assert "dist.all_reduce(t)  # rank 0 waits here" in run.stderr
+    # well before --timeout: decided from the journals, not by the clock
+    assert run.summary["elapsed_s"] < 10, run.summary
+    assert run.elapsed < 45
+    assert run.summary["verdict"] and run.summary["kind"] == "rank-left" and run.summary["ranks"] == [1]
+    assert (run.summary["group"], run.summary["seq"], run.summary["headline"]) == ("default", 4, headline)
+    assert run.summary["ended_by_watch"] and run.summary["exit_code"] == EXIT_DIAGNOSED
+    trace = json.loads(Path(run.summary["trace_files"][0]).read_text())
+    assert trace["diagnosis"]["headline"] == headline
+    assert [c["op"] for c in trace["ranks"][0]["collectives"]] == ["all_reduce"] * 4
+    assert any(p.endswith("rank_0") for p in run.summary["trace_files"])  # Flight Recorder dump
+
+
+def test_shape_mismatch(tmp_path):
+    run = watch(tmp_path, "shape", "--timeout", "60")
+    assert run.code == EXIT_DIAGNOSED, run.text
+    assert (f"shape mismatch in all_reduce #4 of group default: rank 0 [1], rank 1 [4] "
+            f"(from train.py:{line('# the mismatch')})") in run.stderr, run.stderr
+    assert run.summary["kind"] == "shape-mismatch" and run.summary["elapsed_s"] < 10
+
+
+def test_every_rank_stuck_past_the_timeout(tmp_path):
+    run = watch(tmp_path, "hang", "--timeout", "3", "--quiet")
+    assert run.code == EXIT_DIAGNOSED, run.text
+    headline = (f"every rank is inside recv #1 of group default:p2p from train.py:{line('dist.recv(')} and "
+                "none completed within 3 s (--timeout)")
+    assert headline in run.stderr, run.stderr
+    # --quiet: the headline only
+    ours = [l for l in run.stderr.splitlines() if "pytest-nccl" in l or "every rank" in l]
+    assert len(ours) == 1, run.stderr
+    assert 3 <= run.summary["elapsed_s"] < 15, run.summary
+
+
+def test_slow_rank_past_the_timeout(tmp_path):
+    run = watch(tmp_path, "slow", "--timeout", "3")
+    assert run.code == EXIT_DIAGNOSED, run.text
+    assert (f"slow rank: rank 1 is busy outside any collective at train.py (line {line('# the slow rank')}, "
+            f"in <module>), after 3 collectives in group default; rank 0 waited 3 s (--timeout) with no "
+            f"progress in all_reduce #4 of group default from train.py:{line('# rank 0 waits for it')}"
+            ) in run.stderr, run.stderr
+    assert "-- Python stack of rank 1 (all threads) --" in run.stderr
+    assert 3 <= run.summary["elapsed_s"] < 15, run.summary
+
+
+def test_keep_running_reports_and_lets_the_job_finish(tmp_path):
+    run = watch(tmp_path, "keep", "--timeout", "60", "--keep-running", PG_TIMEOUT="30")
+    assert run.code == EXIT_DIAGNOSED_KEPT, run.text
+    assert "rank 1 exited normally after 3 collectives in group default; rank 0 waits in all_reduce #4" in run.stderr
+    assert "--keep-running: the job goes on" in run.stderr
+    assert "rank 0 gave up on its own" in run.stdout  # after the verdict, the job went on
+    assert run.summary["verdict"] and not run.summary["ended_by_watch"]
+
+
+def test_ddp_collectives_issued_from_cpp(tmp_path):
+    """DDP's all-reduces never reach the Python tracer: the Flight Recorder's progress keeps a
+    healthy job (even one pausing longer than --timeout on every rank) from looking stuck."""
+    run = watch(tmp_path, "healthy", "--timeout", "2", source=DDP)
+    assert run.code == 0 and "rank 0 done" in run.stdout and "rank 1 done" in run.stdout, run.text
+    assert run.summary["verdict"] is False, run.text
+
+
+def test_ddp_slow_rank_is_seen_by_the_flight_recorder(tmp_path):
+    run = watch(tmp_path, "slow", "--timeout", "3", source=DDP)
+    assert run.code == EXIT_DIAGNOSED, run.text
+    assert (f"slow rank: rank 1 is busy outside any collective at train.py (line {line_of(DDP, '# the slow rank')}, "
+            "in <module>)") in run.stderr, run.stderr
+    assert "rank 0 waited 3 s (--timeout) with no progress in all_reduce #" in run.stderr
+    assert "(issued from C++, seen by the Flight Recorder)" in run.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_nothing_outlives_the_watch(tmp_path, sig):
+    """Killed (SIGKILL: the launcher gets PR_SET_PDEATHSIG) or interrupted (Ctrl-C: the watch ends
+    the job), the watch leaves no process of the job behind."""
+    tag = uuid.uuid4().hex
+    proc = subprocess.Popen(_command(tmp_path, "hang", ("--timeout", "300")), cwd=tmp_path, env=_env(tag),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        seen, deadline = "", time.monotonic() + 60
+        while not all(f"rank {r} trained" in seen for r in (0, 1)) and time.monotonic() < deadline:
+            if select.select([proc.stdout], [], [], 1.0)[0]:  # both ranks are in the hang
+                seen += os.read(proc.stdout.fileno(), 4096).decode()
+        assert all(f"rank {r} trained" in seen for r in (0, 1)), seen
+        time.sleep(0.5)
+        proc.send_signal(sig)
+        code = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == (-9 if sig == signal.SIGKILL else 130)
+    assert_no_leftovers(tag, wait=15.0)
+
+
+# -- the parts, on data -------------------------------------------------------------------------------
+
+def test_usage_errors_are_one_line(capsys):
+    assert main([]) == EXIT_USAGE
+    assert main(["--timeout", "0", "--", "true"]) == EXIT_USAGE
+    assert main(["--bogus", "--", "true"]) == EXIT_USAGE
+    errors = capsys.readouterr().err.splitlines()
+    assert len(errors) == 3 and all(e.startswith("pytest-nccl watch: error: ") for e in errors), errors
+    assert "no command to watch" in errors[0] and "--timeout must be a positive" in errors[1]
+
+
+def test_command_not_found(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "pytest_nccl", "watch", "--", "no-such-launcher-xyz"],
+                          capture_output=True, text=True, timeout=30, env=_env("none"))
+    assert proc.returncode == 127 and "command not found: no-such-launcher-xyz" in proc.stderr
+
+
+class FakeView:
+    def __init__(self, journals):
+        self.journals_now, self.progress = journals, 0
+
+    def journals(self):
+        return self.journals_now
+
+    def journal_sizes(self):
+        return [self.progress]
+
+    def flight_recorder_journals(self):
+        return None
+
+
+def _rec(rank, seq, state="completed"):
+    from pytest_nccl.records import CollectiveRecord
+    return CollectiveRecord(rank=rank, pg="default", seq=seq, op="all_reduce", shapes="[2]", dtype="float32",
+                            state=state, site="/w/train.py:9")
+
+
+def test_rolling_bound_counts_a_stall_not_the_job():
+    busy = FakeView({0: [_rec(0, 1)], 1: [_rec(1, 1)]})
+    referee = Referee(2, bound=5.0, t0=0.0, rolling=True)
+    for now in range(0, 60):  # progress every second: never a timeout
+        busy.progress = now
+        assert referee.step(float(now), busy) is None
+    for now in range(60, 120):  # no progress, but nobody waits in a collective: busy, not stuck
+        assert referee.step(float(now), busy) is None
+    busy.journals_now[0].append(_rec(0, 2, state="entered"))  # rank 0 now waits, nothing moves
+    busy.progress = -1
+    steps = [round(120 + i * 0.01, 2) for i in range(1000)]
+    timeout_at = next(now for now in steps if referee.step(now, busy) == Reason.TIMEOUT)
+    assert 125 < timeout_at <= 125 + 2 * TIMING.poll  # seen waiting twice, a poll apart
+
+
+def test_rolling_bound_ignores_a_collective_caught_completing():
+    view = FakeView({0: [_rec(0, 1, state="entered")], 1: [_rec(1, 1)]})
+    referee = Referee(2, bound=5.0, t0=0.0, rolling=True)
+    assert referee.step(0.0, view) is None
+    assert referee.step(5.0, view) is None          # at the deadline rank 0 seems to wait...
+    view.journals_now[0][0].state = "completed"     # ...it was completing: the journal grows
+    view.progress = 1
+    assert referee.step(5.05, view) is None and referee.deadline == 10.05
+
+
+def test_journal_tail_reads_a_growing_journal():
+    text = ("E\tdefault\t1\tall_reduce\t0\t0.1\t[2]\tfloat32\t1\t/w/t.py:3\n"
+            "C\tdefault\t1\t0.2\n"
+            "E\tdefault\t2\tall_reduce\t1\t0.3\t[2]\tfloat32\t2\t/w/t.py:4\n"
+            "W\tdefault\t2\t0.4\n").encode()
+    tail = JournalTail(0)
+    cut = text.index(b"\n") + 5
+    first = tail.feed(text[:cut])   # the first line and a part of the next
+    assert [r.seq for r in first] == [1] and first[0].state == "entered"
+    second = tail.feed(text[cut:])
+    assert first[0].state == "completed" and abs(first[0].duration - 0.1) < 1e-9
+    assert [(r.seq, r.state, r.async_op) for r in second] == [(2, "waiting", True)]
+
+
+def test_journal_is_followed_across_rotations(tmp_path):
+    from pytest_nccl.watch.agent import rotate
+    path = str(tmp_path / "journal-0.txt")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    reader = JournalFile(path)
+    seen = b""
+    for i in range(30):  # up to two rotations between two reads
+        os.write(fd, f"line {i}\n".encode())
+        if i % 5 == 4:
+            rotate(path, fd)
+        if i % 8 == 0:
+            seen += reader.read()
+    os.close(fd)
+    for _ in range(3):
+        seen += reader.read()
+    assert seen.decode().splitlines() == [f"line {i}" for i in range(30)]
+    assert os.path.getsize(path) < 8 * 8 and os.path.exists(path + ".1")  # the last segments only
+
+
+def _journal_line(seq, state_done=True):
+    line = f"E\tdefault\t{seq}\tall_reduce\t0\t{seq * 0.001:.6f}\t[2]\tfloat32\t{seq}\t/w/train.py:9\n"
+    return line + (f"C\tdefault\t{seq}\t{seq * 0.001 + 0.0005:.6f}\n" if state_done else "")
+
+
+def test_long_job_keeps_a_window_and_reports_the_ranks_own_numbers(tmp_path):
+    """5000 collectives each, then rank 1 exits and rank 0 waits in #5001: the monitor keeps at
+    most 2 * KEEP records per rank, and the headline still says #5001."""
+    d = str(tmp_path)
+    n = 5 * KEEP
+    for rank in (0, 1):
+        jobdir.write_json(jobdir.rank_info(d, rank), {"rank": rank, "world": 2, "pid": os.getpid(),
+                                                      "start": jobdir.process_start(os.getpid()),
+                                                      "host": socket.gethostname(), "backend": "gloo"})
+        with open(jobdir.journal(d, rank), "w") as f:
+            f.write("".join(_journal_line(s) for s in range(1, n + 1)))
+    monitor = Monitor(d, timeout=60.0)
+    try:
+        for i in range(40):  # a few ticks: the journals are read a chunk a tick
+            assert monitor.poll(i * 0.01) is None
+        assert all(len(f.records) <= 2 * KEEP for f in monitor.ranks.values())
+        with open(jobdir.journal(d, 0), "a") as f:
+            f.write(_journal_line(n + 1, state_done=False))
+        jobdir.write_json(jobdir.exit_record(d, 1), {"status": "passed"})
+        reason = None
+        for i in range(40, 100):
+            reason = monitor.poll(i * 0.01)
+            if reason:
+                break
+        assert reason == Reason.DECIDED
+        finding = monitor.conclude(reason, 1.0)
+    finally:
+        monitor.close()
+    assert finding.views[1].status == RankState.PASSED
+    assert present.headline(finding, 60.0) == (
+        f"rank 1 exited normally after {n} collectives in group default; rank 0 waits in all_reduce "
+        f"#{n + 1} of group default from /w/train.py:9")
+    report = present.report_text(finding, 60.0)
+    assert f"  ... {n - 2} matching collectives folded\n  #{n - 1} all_reduce [2]" in report, report
+    assert f"\n>>#{n + 1} all_reduce [2] .." in report and f"at collective #{n + 1} of group default:" in report
+    assert f"[{n + 1} collectives]" in report and f"[{n} collectives]" in report
+    present.to_absolute(finding, 60.0)
+    assert finding.diagnosis.seq == n + 1
+    assert max(r.seq for r in finding.views[0].records) == n + 1
