@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 case = sys.argv[1]
-if case in ("left", "keep") and os.environ["RANK"] == "1":
+if case in ("left", "keep", "raise") and os.environ["RANK"] == "1":
     # gloo tells rank 0 at once when rank 1's process is gone (NCCL would let it wait for good):
     # rank 1 lingers at exit, after its exit record, so that the watch finds it, not gloo
     atexit.register(time.sleep, 3)
@@ -63,6 +63,10 @@ elif case == "left":
     if rank == 1:
         sys.exit(0)
     dist.all_reduce(t)  # rank 0 waits here
+elif case == "raise":
+    if rank == 1:
+        raise ValueError("corrupt sample")  # rank 1 raises
+    dist.all_reduce(t)  # rank 0 waits here too
 elif case == "shape":
     dist.all_reduce(torch.ones(4 if rank else 1))  # the mismatch
     dist.all_reduce(t)
@@ -217,6 +221,15 @@ def test_rank_that_left_is_diagnosed_at_once_and_the_job_ended(tmp_path):
     assert trace["diagnosis"]["headline"] == headline
     assert [c["op"] for c in trace["ranks"][0]["collectives"]] == ["all_reduce"] * 4
     assert any(p.endswith("rank_0") for p in run.summary["trace_files"])  # Flight Recorder dump
+
+
+def test_rank_that_raised_is_diagnosed_with_its_traceback(tmp_path):
+    run = watch(tmp_path, "raise", "--timeout", "60")
+    assert run.code == EXIT_DIAGNOSED, run.text
+    assert ("rank 1 raised ValueError: corrupt sample after 3 collectives in group default; rank 0 waits in "
+            f"all_reduce #4 of group default from train.py:{line('# rank 0 waits here too')}") in run.stderr
+    assert "-- traceback of rank 1 --" in run.stderr and "  rank 1: raised ValueError: corrupt sample" in run.stderr
+    assert run.summary["kind"] == "rank-raised" and run.summary["elapsed_s"] < 10
 
 
 def test_shape_mismatch(tmp_path):

@@ -4,6 +4,7 @@ A daemon thread (``pytest-nccl-watch-agent``: never shown in stacks) serves a un
 ``rank-R.sock``, one request a connection, a line in and a JSON object out:
 
     status   {"fr": the Flight Recorder's per-group progress (pg_status), or null}   (cheap)
+    fr       {"fr_json": the Flight Recorder's dump (JSON text), or null}
     dump     {"stack": Python stacks of every thread, "fr_json": ..., "fr_pickle": base64 or null}
 
 It answers while the main thread waits inside a collective (gloo and NCCL release the GIL there).
@@ -132,6 +133,8 @@ class Agent:
             reply = {"fr": fr_status()}
         elif what == "dump":
             reply = dump()
+        elif what == "fr":
+            reply = {"fr_json": tracer.flight_recorder_json()}
         else:
             reply = {"error": f"unknown request {what!r}"}
         conn.sendall(json.dumps(reply).encode())

@@ -219,8 +219,8 @@ class Watch:
             if finding is not None:
                 self._report(finding, post_mortem=job_code)
             elif monitor.referee is None and not self.args.quiet:
-                say(f"{PROG}: no rank reported (not a torch.distributed job, or Python started with "
-                    "-S, -I or -E)")
+                say(f"{PROG}: no rank reported: none created a default process group (not a "
+                    "torch.distributed job, it ended before init_process_group, or Python ran with -S, -I or -E)")
         if control.descendants():  # processes that outlived the launcher
             control.end(launcher, 2.0)
         return self._done(code, launcher.returncode)

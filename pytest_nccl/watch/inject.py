@@ -170,8 +170,12 @@ class _Rank:
         except OSError:
             pass
         tracer.start(jobdir.journal(d, r))
-        self.agent = Agent(d, r)
-        self.agent.start()
+        try:
+            self.agent = Agent(d, r)
+            self.agent.start()
+        except OSError as exc:  # no stacks nor Flight Recorder progress from this rank; the rest works
+            self.agent = None
+            _warn(f"no agent socket ({exc})")
         if not faulthandler.is_enabled():
             self.fatal_file = open(jobdir.fatal(d, r), "w")
             faulthandler.enable(file=self.fatal_file, all_threads=True)
@@ -201,7 +205,8 @@ class _Rank:
             jobdir.write_json(jobdir.exit_record(self.directory, self.rank), record)
         except Exception as exc:
             _warn(f"no exit record ({type(exc).__name__}: {exc})")
-        self.agent.close()
+        if self.agent is not None:
+            self.agent.close()
         from .. import tracer
 
         tracer.stop()  # the trace holds the default group: let it go as it would without us

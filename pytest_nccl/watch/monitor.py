@@ -200,15 +200,14 @@ class JobView:
         """The window merged with the Flight Recorder of the ranks that answer (copies: merging
         renumbers)."""
         dumps = {}
-        for r, f in self.m.ranks.items():
-            if f.state is None:
-                answer = f.ask("dump", TIMING.stacks_wait)
-                if answer and answer.get("fr_json"):
-                    dumps[r] = records_from_dump(answer["fr_json"], r)
-                    try:  # fresher than the last status poll
-                        f.fr_progress = fr_progress(json.loads(answer["fr_json"]).get("pg_status"))
-                    except ValueError:
-                        pass
+        live = [f for f in self.m.ranks.values() if f.state is None]
+        for r, answer in _ask_all(live, "fr", TIMING.stacks_wait).items():
+            if answer and answer.get("fr_json"):
+                dumps[r] = records_from_dump(answer["fr_json"], r)
+                try:  # fresher than the last status poll
+                    self.m.ranks[r].fr_progress = fr_progress(json.loads(answer["fr_json"]).get("pg_status"))
+                except ValueError:
+                    pass
         if not dumps:
             return None
         journals = {r: [copy.copy(rec) for rec in recs] for r, recs in self.journals().items()}

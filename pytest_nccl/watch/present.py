@@ -27,6 +27,7 @@ def job_words(text: str, timeout: float) -> str:
     for test, job in _WORDS:
         text = text.replace(test, job)
     text = re.sub(r"(?m)^(  rank \d+: )passed( \[)", r"\1exited normally\2", text)  # where each rank is
+    text = re.sub(r"(?m)^(  rank \d+: )failed: ", r"\1raised ", text)
     text = text.replace(f"for the whole {timeout:g} s bound", f"{timeout:g} s (--timeout) with no progress")
     return text.replace(f"the {timeout:g} s bound", f"{timeout:g} s (--timeout)")
 
@@ -64,7 +65,7 @@ def absolute(text: str, bases: dict, counts: dict | None = None) -> str:
 def report_text(finding: Finding, timeout: float) -> str:
     text = format_report(finding.views, finding.diagnosis, finding.elapsed, timeout, finding.backend)
     text = text.replace(f"{finding.elapsed:.2f} s of a {timeout:g} s bound)",
-                        f"{finding.elapsed:.1f} s into the job, --timeout {timeout:g} s)")
+                        f"{finding.elapsed:.1f} s after init_process_group, --timeout {timeout:g} s)")
     return absolute(job_words(text, timeout), finding.bases, finding.counts)
 
 
