@@ -255,8 +255,8 @@ def test_every_rank_stuck_past_the_timeout(tmp_path):
 def test_slow_rank_past_the_timeout(tmp_path):
     run = watch(tmp_path, "slow", "--timeout", "3")
     assert run.code == EXIT_DIAGNOSED, run.text
-    assert (f"slow rank: rank 1 is busy outside any collective at train.py (line {line('# the slow rank')}, "
-            f"in <module>), after 3 collectives in group default; rank 0 waited 3 s (--timeout) with no "
+    assert (f"slow rank: rank 1 is busy outside any collective at train.py:{line('# the slow rank')} "
+            f"(in <module>), after 3 collectives in group default; rank 0 waited 3 s (--timeout) with no "
             f"progress in all_reduce #4 of group default from train.py:{line('# rank 0 waits for it')}"
             ) in run.stderr, run.stderr
     assert "-- Python stack of rank 1 (all threads) --" in run.stderr
@@ -283,8 +283,8 @@ def test_ddp_collectives_issued_from_cpp(tmp_path):
 def test_ddp_slow_rank_is_seen_by_the_flight_recorder(tmp_path):
     run = watch(tmp_path, "slow", "--timeout", "3", source=DDP)
     assert run.code == EXIT_DIAGNOSED, run.text
-    assert (f"slow rank: rank 1 is busy outside any collective at train.py (line {line_of(DDP, '# the slow rank')}, "
-            "in <module>)") in run.stderr, run.stderr
+    assert (f"slow rank: rank 1 is busy outside any collective at train.py:{line_of(DDP, '# the slow rank')} "
+            "(in <module>)") in run.stderr, run.stderr
     assert "rank 0 waited 3 s (--timeout) with no progress in all_reduce #" in run.stderr
     assert "(issued from C++, seen by the Flight Recorder)" in run.stderr
 
