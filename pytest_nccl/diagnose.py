@@ -7,7 +7,7 @@ finds, in order (docs/diagnosis.md shows each with its headline):
 1. an argument the ranks disagree on at the same position of a group: op, dtype, shape, root, reduce
    op, split sizes (``first_divergence``);
 2. a rank that left, raised or died while others wait for it;
-3. a certain deadlock (``waits.stuck_ranks``): point-to-point transfers that can never pair, or
+3. a certain deadlock (``records.stuck_ranks``): point-to-point transfers that can never pair, or
    ranks blocked in collectives of different groups, each waiting for the other; blame goes by
    issue order, never by timing or by the order the journals were read;
 4. a slow rank, a true hang, a timeout outside any collective.
@@ -54,7 +54,6 @@ PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pi
 GLOO_DISAGREEMENTS = (("Received data size doesn't match expected size", SHAPE_MISMATCH),
                       ("invalid tensor size", SHAPE_MISMATCH),
                       ("inLengthPerRank[myRank] == outLengthPerRank[myRank]", SPLIT_MISMATCH))
-GLOO_SIZE_MISMATCH = tuple(text for text, kind in GLOO_DISAGREEMENTS if kind == SHAPE_MISMATCH)
 
 
 def gloo_disagreement(text: str) -> tuple[str, str] | None:

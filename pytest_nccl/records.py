@@ -1,7 +1,13 @@
 """Plain data shared by the journal reader, the diagnosis and the report: no torch, no processes.
 
 Modelled on torch's flight_recorder ``components/types.py``: the analysis works on these records,
-so it can be tested on hand-written data.
+so it can be tested on hand-written data. Besides the records, what both the diagnosis and the
+referee read off them (the layout rules let pure modules import only each other):
+
+- group labels and their ranks (``members_of``, ``rank_ranges``);
+- the cross-rank checks of arguments that must pair up (``split_disagreement``, ``digests_agree``);
+- who waits for whom (``P2PIndex``: point-to-point pairing; ``stuck_ranks``: certain deadlocks);
+- how a call site and a rank's stack read in a headline (``headline_site``, ``stack_top``).
 """
 
 from __future__ import annotations

@@ -215,7 +215,9 @@ def trace_json(nodeid: str, ranks: list[RankView], diagnosis: Diagnosis | None, 
                 "async": r.async_op, "state": r.state, "t_start_s": round(r.t_start, 6),
                 "duration_s": None if r.duration is None else round(r.duration, 6),
                 "site": [short_path(s) for s in r.site.split(" <- ") if s], "source": r.source,
-                "fr_seq": r.fr_seq} for r in v.records],
+                "fr_seq": r.fr_seq, "reduce_op": r.reduce_op or None, "root": r.root, "splits": r.splits or None,
+                "p2p": [{"send": p.send, "peer": p.peer, "tag": p.tag, "state": p.state} for p in r.p2p] or None,
+                } for r in v.records],
         } for v in ranks],
     }, indent=1)
 
