@@ -205,9 +205,7 @@ def test_an_outcome_that_arrives_during_a_dump_request_reaches_the_referee():
     from pytest_nccl.protocol import Call, Outcome, Status
 
     ours, theirs = Pipe()
-    state = _CallState(Call(7, "test"), 2, 0.0, 0)
-    state.referee = Referee(2, bound=60, t0=0.0)
-    state.live = {1: ours}
+    state = _CallState(Call(7, "test"), 2, 0.0, 0, Referee(2, bound=60, t0=0.0), conns={1: ours})
     theirs.send(("outcome", Outcome(7, 1, Status.PASSED)))
     RankGroup._receive(SimpleNamespace(conns={1: ours}), ours, state)   # as _request_dumps calls it
     assert state.referee.states == {1: RankState.PASSED} and 1 not in state.live

@@ -33,16 +33,23 @@ def _journal_path(call: Call, rank: int) -> str:
 class _CallState:
     """What the controller has learned so far about one call."""
 
-    def __init__(self, call: Call, world: int, t0: float, since_ns: int):
+    def __init__(self, call: Call, world: int, t0: float, since_ns: int, referee: Referee,
+                 conns: dict[int, Connection]):
         self.call, self.t0, self.since_ns = call, t0, since_ns
+        self.referee = referee
+        self.conns = conns            # the group's connections: a rank's is dropped when it dies
         self.views = {r: RankView(r) for r in range(world)}
         self.outcomes: dict[int, Outcome] = {}
-        self.live: dict[int, Connection] = {}
         self.fr_json: dict[int, str] = {}
         self.fr_pickle: dict[int, bytes] = {}
         self.pending_dumps: set = set()
         self.want_stacks = False
-        self.referee: Referee | None = None
+
+    @property
+    def live(self) -> dict[int, Connection]:
+        """Ranks still in the call: connected, and not finished for the referee (one source of truth,
+        whichever read of a rank's messages saw its outcome)."""
+        return {r: c for r, c in self.conns.items() if r not in self.referee.states}
 
 
 class RankGroup:
@@ -149,8 +156,9 @@ class RankGroup:
     def run(self, call: Call, bound: float) -> CallResult:
         self.used = True
         call.call_id = next(self.calls)
-        state = _CallState(call, self.world, time.monotonic(), time.time_ns())
-        referee = state.referee = Referee(self.world, bound, state.t0, trace=call.trace, flight_recorder=True)
+        t0 = time.monotonic()
+        referee = Referee(self.world, bound, t0, trace=call.trace, flight_recorder=True)
+        state = _CallState(call, self.world, t0, time.time_ns(), referee, self.conns)
         view = _ForkedCallView(self, state)
         offsets = {r: _size(self.output_path(r)) for r in range(self.world)}
         for conn in self.conns.values():
@@ -158,10 +166,9 @@ class RankGroup:
                 conn.send(("call", call))
             except OSError:
                 pass
-        state.live = dict(self.conns)
         for rank in range(self.world):
-            if rank not in state.live:
-                referee.finished(rank, RankState.DEAD, state.t0)
+            if rank not in self.conns:
+                referee.finished(rank, RankState.DEAD, t0)
         while True:
             reason = referee.step(time.monotonic(), view)
             if reason is not None:
@@ -231,21 +238,17 @@ class RankGroup:
         try:
             msg = conn.recv()
         except (EOFError, OSError):
-            state.live.pop(rank, None)
             self.conns.pop(rank, None)
             state.views[rank].status = RankState.DEAD
             state.views[rank].finished_at = time.monotonic() - state.t0
-            if referee is not None:
-                referee.finished(rank, RankState.DEAD, time.monotonic())
+            referee.finished(rank, RankState.DEAD, time.monotonic())
             return
         if msg[0] == "outcome" and msg[1].call_id == state.call.call_id:
             out = msg[1]
             state.outcomes[rank] = out
             state.views[rank].status = RankState.of_outcome(out.status)
             state.views[rank].finished_at = time.monotonic() - state.t0
-            state.live.pop(rank, None)
-            if referee is not None:
-                referee.finished(rank, state.views[rank].status, time.monotonic())
+            referee.finished(rank, state.views[rank].status, time.monotonic())
             return
         if msg[0] == "dump":
             state.pending_dumps.discard(rank)

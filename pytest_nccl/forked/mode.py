@@ -119,7 +119,6 @@ class ForkedMode:
         failure, ``pytest.skip`` / ``pytest.xfail`` when every rank did."""
         __tracebackhide__ = True
         pool = self.get_pool()
-        pool.add_modules(sorted(self.session.test_modules.items()))
         if self.session.test_modules and call.path:
             pool.ensure_zygote().import_modules([(call.module, call.path)])
         group = pool.get(world, placement, budget.timeout, budget.setup_deadline())
