@@ -69,3 +69,29 @@ def preference_rows(rank: int, *, ragged: bool = True, **kw) -> dict:
 def prompt_rows(rank: int, *, ragged: bool = True, **kw) -> dict:
     """Prompt-only rows ``{"prompt": [...]}`` (for online trainers such as GRPO)."""
     return {"prompt": [_text(rank * 100 + i, n) for i, n in enumerate(lengths(rank, ragged=ragged, **kw))]}
+
+
+def unpaired_rows(rank: int, *, ragged: bool = True, desirable=None, **kw) -> dict:
+    """Unpaired preference rows ``{"prompt", "completion", "label"}`` (KTO, BCO). Labels
+    alternate True/False unless ``desirable`` (True or False) gives every row the same label."""
+    prompts, completions, labels = [], [], []
+    for i, n in enumerate(lengths(rank, ragged=ragged, **kw)):
+        prompts.append(_text(i, 3))
+        completions.append(" " + _text(rank * 100 + i, n - 1))
+        labels.append(bool(i % 2 == 0) if desirable is None else bool(desirable))
+    return {"prompt": prompts, "completion": completions, "label": labels}
+
+
+def implicit_preference_rows(rank: int, *, ragged: bool = True, **kw) -> dict:
+    """Preference rows with the prompt inside each text, ``{"chosen", "rejected"}``: the
+    format every RewardTrainer release takes."""
+    rows = preference_rows(rank, ragged=ragged, **kw)
+    return {"chosen": [p + c for p, c in zip(rows["prompt"], rows["chosen"])],
+            "rejected": [p + r for p, r in zip(rows["prompt"], rows["rejected"])]}
+
+
+def conversation_prompt_rows(rank: int, *, ragged: bool = True, **kw) -> dict:
+    """Conversational prompt-only rows ``{"prompt": [[user], ...]}`` (the user turn carries the
+    rank's length band)."""
+    return {"prompt": [[{"role": "user", "content": _text(rank * 100 + i, n)}]
+                       for i, n in enumerate(lengths(rank, ragged=ragged, **kw))]}

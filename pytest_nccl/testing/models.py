@@ -79,3 +79,17 @@ def tiny_causal_lm(kind: str = "llama", *, tokenizer=None, seed: int = 0, dtype=
     gc.bos_token_id = config.bos_token_id
     model.train()
     return model
+
+
+def tiny_reward_model(kind: str = "llama", *, tokenizer=None, seed: int = 0, **overrides: Any):
+    """A ``kind`` sequence classifier with one label (a reward model), seeded like
+    ``tiny_causal_lm``: what TRL's RewardTrainer trains."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    config = tiny_config(kind, tokenizer, num_labels=1, **overrides)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForSequenceClassification.from_config(config, attn_implementation="eager")
+    model.train()
+    return model

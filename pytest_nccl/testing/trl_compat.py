@@ -32,7 +32,16 @@ _LOCATIONS = {
     "orpo": [("trl.experimental.orpo", "ORPOTrainer", "ORPOConfig"), ("trl", "ORPOTrainer", "ORPOConfig")],
     "grpo": [("trl", "GRPOTrainer", "GRPOConfig")],
     "dpo": [("trl", "DPOTrainer", "DPOConfig")],
+    "kto": [("trl", "KTOTrainer", "KTOConfig"), ("trl.experimental.kto", "KTOTrainer", "KTOConfig")],
+    "reward": [("trl", "RewardTrainer", "RewardConfig")],
+    "rloo": [("trl", "RLOOTrainer", "RLOOConfig")],
+    "gkd": [("trl.experimental.gkd", "GKDTrainer", "GKDConfig"), ("trl", "GKDTrainer", "GKDConfig")],
+    "online_dpo": [("trl.experimental.online_dpo", "OnlineDPOTrainer", "OnlineDPOConfig"),
+                   ("trl", "OnlineDPOTrainer", "OnlineDPOConfig")],
+    "distillation": [("trl", "DistillationTrainer", "DistillationConfig"),
+                     ("trl.experimental.distillation", "DistillationTrainer", "DistillationConfig")],
 }
+NAMES = tuple(_LOCATIONS)
 
 # Same meaning, other spelling: first one the config class has wins.
 _ALIASES = {
@@ -62,7 +71,7 @@ QUIET_ARGS = dict(
 
 
 def classes(name: str):
-    """(TrainerClass, ConfigClass) for ``name`` in "sft", "cpo", "orpo", "grpo", "dpo"."""
+    """(TrainerClass, ConfigClass) for ``name`` (one of ``NAMES``); ImportError when this TRL has none."""
     errors = []
     for module, trainer, config in _LOCATIONS[name]:
         try:
@@ -73,12 +82,32 @@ def classes(name: str):
     raise ImportError(f"no {name} trainer in this TRL: " + "; ".join(errors))
 
 
-def preload(*names: str, model_kinds=("llama", "qwen2")) -> dict:
+def has(name: str) -> bool:
+    """Whether the installed TRL has trainer ``name``."""
+    try:
+        classes(name)
+    except ImportError:
+        return False
+    return True
+
+
+def config_fields(name: str) -> set[str]:
+    """The field names of trainer ``name``'s config class."""
+    return {f.name for f in dataclasses.fields(classes(name)[1])}
+
+
+def trainer_params(name: str) -> set[str]:
+    """The parameter names of trainer ``name``'s constructor."""
+    return set(inspect.signature(classes(name)[0].__init__).parameters)
+
+
+def preload(*names: str, model_kinds=("llama", "qwen2"), missing_ok: bool = False) -> dict:
     """Import now what the first trainer would import lazily (TRL and transformers load trainer
     and model modules on first use, several seconds): the trainer/config classes of ``names``,
     transformers' Trainer, accelerate, datasets and the ``model_kinds`` modeling code.  Call it
     at a test module's top level: the plugin preloads test modules in its fork server, so every
-    rank starts with these paid for.  Returns {name: (TrainerClass, ConfigClass)}."""
+    rank starts with these paid for.  Returns {name: (TrainerClass, ConfigClass)}; with
+    ``missing_ok`` the trainers this TRL lacks are left out instead of raising ImportError."""
     import accelerate  # noqa: F401
     import datasets  # noqa: F401
     import transformers.trainer  # noqa: F401
@@ -88,6 +117,8 @@ def preload(*names: str, model_kinds=("llama", "qwen2")) -> dict:
     for kind in model_kinds:
         _config_class(kind)
         importlib.import_module(f"transformers.models.{kind}.modeling_{kind}")
+    if missing_ok:
+        return {name: classes(name) for name in names if has(name)}
     return {name: classes(name) for name in names}
 
 
