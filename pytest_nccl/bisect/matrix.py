@@ -27,7 +27,8 @@ Findings (:func:`findings`), for each row that fails (is red) on some release: t
 ranges in release order; a range is not broken by releases without a verdict (skipped, not run,
 cannot install) when the nearest releases with a verdict on both sides are red; "first bad" is the
 first release of a range that follows a passing release; "fixed in" the passing release after a
-range; whether the newest release is red; the full headline of the newest red release.
+range; whether the newest release is red; the full headline of the newest red release (and of a
+first bad release when it says something else).
 """
 
 from __future__ import annotations
@@ -354,6 +355,8 @@ class Finding:
     newest_status: str  # the newest release's cell status
     newest_red: str
     headline: str
+    #: (release, headline) of each "first bad" release whose headline differs from ``headline``
+    first_bad_headlines: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def red_on_newest(self) -> bool:
@@ -390,16 +393,19 @@ def findings(results: Results, labels: Mapping[str, str] | None = None) -> list[
         ranges = red_ranges(statuses)
         if not ranges:
             continue
-        first_bad, fixed = [], []
+        first_bad, fixed, heads = [], [], []
         for a, b in ranges:
             before = [i for i in range(a) if statuses[i] in ("red", "green")]
             if before and statuses[before[-1]] == "green":
                 gap = versions[before[-1] + 1:a]
                 first_bad.append(versions[a] + (f" ({', '.join(gap)} untested)" if gap else ""))
+                heads.append((versions[a], cells[a].full))
             after = [i for i in range(b + 1, len(versions)) if statuses[i] in ("red", "green")]
             if after and statuses[after[0]] == "green":
                 fixed.append(versions[after[0]])
         last_red = ranges[-1][1]
+        newest = cells[last_red].full
         found.append(Finding(n, labels.get(n, n), [(versions[a], versions[b]) for a, b in ranges], first_bad,
-                             fixed, versions[-1], statuses[-1], versions[last_red], cells[last_red].full))
+                             fixed, versions[-1], statuses[-1], versions[last_red], newest,
+                             [(v, h) for v, h in heads if h != newest and v != versions[last_red]]))
     return sorted(found, key=lambda f: not f.red_on_newest)

@@ -94,7 +94,8 @@ def render_finding(f: Finding) -> list[str]:
         parts.append("fixed in " + ", ".join(f.fixed))
     parts.append(f"red on the newest ({f.newest})" if f.red_on_newest
                  else f"newest {f.newest}: {_STATUS_WORD.get(f.newest_status, f.newest_status)}")
-    return [f"- **{f.label}**: " + "; ".join(parts), f"  - {f.newest_red}: {f.headline}"]
+    return ([f"- **{f.label}**: " + "; ".join(parts), f"  - {f.newest_red}: {f.headline}"]
+            + [f"  - {v} (first bad): {h}" for v, h in f.first_bad_headlines])
 
 
 LEGEND = [
