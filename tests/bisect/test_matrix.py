@@ -374,7 +374,7 @@ def test_cli_release_that_cannot_install(tmp_path):
 
 def test_cli_timeout_is_a_red_cell_with_its_reason(tmp_path):
     _, out, _, _ = drive(argv_for(tmp_path), tmp_path, runner=FakeRunner(timeout_at=("0.16.0", 2)))
-    assert "trl 0.16.0 w2: env built in 0.0s, tests 60.0s: no tests (pytest did not finish within 60s)" in out
+    assert "s, tests 60.0s: no tests (pytest did not finish within 60s)\n[8/8] trl 0.16.0 w4: env ready" in out
     doc = json.loads((tmp_path / "m.json").read_text())
     assert doc["runs"]["0.16.0"]["2"]["problem"] == "pytest did not finish within 60s"
     assert "newest 0.16.0: red" not in (md := (tmp_path / "M.md").read_text())
