@@ -156,14 +156,18 @@ class Results:
         if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
             got = doc.get("schema") if isinstance(doc, dict) else None
             raise ResultsError(f"schema {got!r}, this version reads schema {SCHEMA}")
-        res = cls(package=str(doc.get("package", "")), pytest_args=list(doc.get("pytest_args") or []),
-                  command=doc.get("command") or "", python=doc.get("python") or "", torch=doc.get("torch") or "",
-                  as_of=doc.get("as_of") or "release", updated=doc.get("updated") or "")
-        for v, by_world in (doc.get("runs") or {}).items():
-            for w, rdoc in by_world.items():
-                res.runs[(v, int(w))] = Run.from_dict(v, int(w), rdoc)
-        res.plan(list(doc.get("versions") or []) + [v for v, _ in res.runs],
-                 list(doc.get("worlds") or []) + [w for _, w in res.runs])
+        try:
+            res = cls(package=str(doc.get("package", "")), pytest_args=list(doc.get("pytest_args") or []),
+                      command=doc.get("command") or "", python=doc.get("python") or "",
+                      torch=doc.get("torch") or "", as_of=doc.get("as_of") or "release",
+                      updated=doc.get("updated") or "")
+            for v, by_world in (doc.get("runs") or {}).items():
+                for w, rdoc in by_world.items():
+                    res.runs[(v, int(w))] = Run.from_dict(v, int(w), rdoc)
+            res.plan(list(doc.get("versions") or []) + [v for v, _ in res.runs],
+                     list(doc.get("worlds") or []) + [w for _, w in res.runs])
+        except (AttributeError, TypeError, ValueError) as e:
+            raise ResultsError(f"malformed results: {type(e).__name__}: {e}") from None
         return res
 
     def save(self, path: str | os.PathLike) -> None:

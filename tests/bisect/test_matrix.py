@@ -224,6 +224,8 @@ def test_json_schema_and_garbage_are_refused():
         Results.loads('{"schema": 99}')
     with pytest.raises(ResultsError, match="not JSON"):
         Results.loads("{")
+    with pytest.raises(ResultsError, match="malformed"):
+        Results.loads('{"schema": 1, "runs": {"1.0": {"2": {"tests": ["a"]}}}}')
 
 
 def test_resume_merges_columns_in_release_order():
