@@ -3,6 +3,8 @@
 Commands:
   bisect   find the release of a package that broke (or fixed) a pytest selection; see
            ``python -m pytest_nccl bisect --help`` and docs/bisect.md
+  matrix   run a pytest selection over many releases and world sizes; a Markdown matrix; see
+           ``python -m pytest_nccl matrix --help`` and docs/bisect.md
   watch    run a distributed job with its collectives traced; diagnose and end it when it hangs
            or desyncs; see ``python -m pytest_nccl watch --help`` and docs/watch.md
 """
@@ -13,11 +15,14 @@ import sys
 
 USAGE = """usage: python -m pytest_nccl bisect PACKAGE --good V --bad V [options] -- PYTEST-ARGS
        python -m pytest_nccl bisect PACKAGE --sweep --from V --to V [options] -- PYTEST-ARGS
+       python -m pytest_nccl matrix PACKAGE (--from V --to V | --versions LIST) [--world N ...]
+                                    --results FILE.json [--out FILE.md] [options] -- PYTEST-ARGS
        python -m pytest_nccl watch [--timeout S] [--trace-dir DIR] [--keep-running] [--quiet]
                                    [--json FILE] -- LAUNCH COMMAND...
 
 commands:
   bisect   find the first bad (or first fixed) release of PACKAGE for a pytest selection
+  matrix   run a pytest selection on many releases x world sizes; write a Markdown matrix
   watch    trace a running job's collectives; diagnose and end it when it hangs or desyncs
 """
 
@@ -32,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bisect.cli import main as bisect_main
 
         return bisect_main(rest)
+    if cmd == "matrix":
+        from .bisect.matrix_cli import main as matrix_main
+
+        return matrix_main(rest)
     if cmd == "watch":
         from .watch.cli import main as watch_main
 

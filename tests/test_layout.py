@@ -14,7 +14,8 @@ RANK_SIDE = {"rank", "tracer", "journal", "protocol", "stacks", "zygote", "recor
              "watch", "watch.startup", "watch.startup.sitecustomize", "watch.inject", "watch.agent",
              "watch.jobdir"}
 # Pure: tested on data with a fake clock; no torch, no processes, no sockets.
-PURE = {"referee", "diagnose", "records", "flight", "settings", "timeline", "swimlane", "swimlane_page"}
+PURE = {"referee", "diagnose", "records", "flight", "settings", "timeline", "swimlane", "swimlane_page",
+        "bisect.matrix", "bisect.matrix_render"}
 PURE_FORBIDDEN = {"torch", "subprocess", "socket", "multiprocessing", "threading", "signal"}
 MAX_LINES = 520
 

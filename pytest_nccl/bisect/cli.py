@@ -275,15 +275,15 @@ def _list_releases(ns, out: TextIO) -> list[Release]:
     return select_range(_index(ns).releases(ns.package), lo, hi, pre=ns.pre, yanked=ns.include_yanked)
 
 
-def _make_cache(ns, out: TextIO) -> tuple[envs_mod.EnvCache, str, list[str], list[str], list[str]]:
+def _make_cache(ns, out: TextIO, prog: str = "bisect") -> tuple[envs_mod.EnvCache, str, list[str], list[str], list[str]]:
     root = envs_mod.cache_root(ns.cache_dir)
     base = envs_mod.detect_base()
     if not base.torch_version:
-        raise SystemExit("pytest-nccl bisect: torch is not installed in this interpreter; install it first "
+        raise SystemExit(f"pytest-nccl {prog}: torch is not installed in this interpreter; install it first "
                          "(the envs are layered on it)")
     uv = builders.find_uv() if ns.installer in ("auto", "uv") else None
     if ns.installer == "uv" and not uv:
-        raise SystemExit("pytest-nccl bisect: --installer uv but no uv found (pip install uv)")
+        raise SystemExit(f"pytest-nccl {prog}: --installer uv but no uv found (pip install uv)")
     if uv:
         builder = builders.UvBuilder(uv, stream=ns.verbose)
     else:

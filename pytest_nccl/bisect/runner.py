@@ -48,7 +48,7 @@ HEADLINE_PROPERTY = "nccl_diagnosis"
 @dataclass
 class CaseResult:
     nodeid: str
-    outcome: str  # passed, failed, error, skipped
+    outcome: str  # passed, failed, error, skipped, xfailed
     message: str = ""
     text: str = ""
     properties: dict[str, str] = field(default_factory=dict)
@@ -101,6 +101,8 @@ def parse_junit(text: str) -> list[CaseResult]:
             el = case.find(tag)
             if el is not None:
                 outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
+                if tag == "skipped" and el.get("type") == "pytest.xfail":
+                    outcome = "xfailed"
                 message = el.get("message") or ""
                 body = el.text or ""
                 if tag == "error":

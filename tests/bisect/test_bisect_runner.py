@@ -128,3 +128,12 @@ def test_plugin_entry_points_from_pyproject(tmp_path):
     pp.write_text('[project]\nname = "pytest-nccl"\nversion = "9.1"\n'
                   '[project.entry-points.pytest11]\nnccl = "pytest_nccl.plugin"\n')
     assert plugin_entry_points(pp) == ("9.1", {"nccl": "pytest_nccl.plugin"})
+
+
+def test_parse_junit_tells_xfail_from_skip():
+    cases = parse_junit('<testsuites><testsuite><testcase classname="t" name="a"><skipped type="pytest.xfail" '
+                        'message="known bug" /></testcase><testcase classname="t" name="b"><skipped '
+                        'type="pytest.skip" message="needs 4 GPUs">t.py:3: needs 4 GPUs</skipped></testcase>'
+                        '</testsuite></testsuites>')
+    assert [(c.outcome, c.headline) for c in cases] == [("xfailed", "known bug"), ("skipped", "needs 4 GPUs")]
+    assert verdict_from_run(0, cases)[0] is Verdict.GOOD

@@ -1,0 +1,374 @@
+"""``python -m pytest_nccl matrix``: run a pytest selection over many releases and world sizes.
+
+Usage::
+
+    python -m pytest_nccl matrix PACKAGE (--from V --to V | --versions LIST) [--latest-patch [--keep V,...]]
+        [--world N ...] --results FILE.json [--out FILE.md] [options] -- PYTEST-ARGS
+    python -m pytest_nccl matrix --render-only --results FILE.json [--out FILE.md]
+
+Glue: the releases come from :mod:`.versions`, each release's env from the same
+``EnvCache``/``make_request``/``ProbeConfig`` path as ``bisect`` (same cache root and fingerprint,
+so the envs are shared), each (release, world) run from :func:`.runner.run_pytest` with
+``--nccl-world=N`` added. The results JSON is saved after every run and a (release, world) already
+in it is not run again (``--rerun`` runs it again); the Markdown is written after every release.
+
+Exit status: 0 it ran (failing tests are results, not errors), 2 usage error, 4 the release list
+could not be had, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Sequence, TextIO
+
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from . import cli as bisect_cli
+from .matrix import KEY_PACKAGES, Results, ResultsError, Run, TestRecord, latest_patches
+from .matrix_render import render
+from .prober import ProbeConfig, make_request
+from .runner import RunOutcome, run_pytest
+from .versions import IndexError_, Release, parse_version_list, select_range
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_INDEX = 4
+EXIT_INTERRUPTED = 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m pytest_nccl matrix",
+        description="Run a pytest selection on every release of PACKAGE in a range, at one or more world "
+                    "sizes, each release in its own cached env (shared with bisect), and write a Markdown "
+                    "matrix (tests x releases) with the findings. Resumable: runs already in --results "
+                    "are not run again.",
+        epilog="Everything after '--' is passed to pytest, e.g. -- suites/trl/matrix -p no:randomly; the tool "
+               "adds --nccl-world=N per run. Exit: 0 ran (red cells are results), 2 usage, 4 index error, "
+               "130 interrupted.",
+    )
+    p.add_argument("package", nargs="?", help="distribution name on the index, e.g. trl")
+    p.add_argument("--from", dest="from_", metavar="V", help="first release of the range")
+    p.add_argument("--to", metavar="V", help="last release of the range")
+    p.add_argument("--versions", metavar="LIST", help="the releases, comma or space separated, instead of a range")
+    p.add_argument("--latest-patch", action="store_true",
+                   help="keep only the newest patch release of each minor series")
+    p.add_argument("--keep", metavar="V,...", default="",
+                   help="with --latest-patch: releases kept anyway (comma or space separated)")
+    p.add_argument("--world", type=int, action="append", metavar="N",
+                   help="world size (repeatable; default 2); the tool adds --nccl-world=N to pytest")
+    p.add_argument("--results", metavar="FILE", required=True,
+                   help="results JSON, read to resume and rewritten after every run")
+    p.add_argument("--out", metavar="FILE", help="the Markdown matrix (default: --results with .md)")
+    p.add_argument("--rerun", action="store_true", help="run again the (release, world) pairs already in --results")
+    p.add_argument("--render-only", action="store_true", help="write the Markdown from --results; run nothing")
+    p.add_argument("--pre", action="store_true", help="include pre-releases")
+    p.add_argument("--include-yanked", action="store_true", help="include yanked releases")
+    p.add_argument("--index-url", metavar="URL",
+                   help="PyPI JSON API base (default $PYTEST_NCCL_PYPI_JSON or https://pypi.org/pypi)")
+    p.add_argument("--pip-index", action="store_true",
+                   help="list releases with 'pip index versions' (configured pip index) instead of the JSON API")
+    p.add_argument("--installer", choices=("auto", "uv", "pip"), default="auto",
+                   help="resolver for the envs: uv when present (auto), else pip")
+    p.add_argument("--with", dest="extra", action="append", default=[], metavar="REQ",
+                   help="extra requirement for every env (repeatable), e.g. peft")
+    p.add_argument("--as-of", default="release", metavar="WHEN",
+                   help="resolve each release's dependencies as of: 'release' (its upload date, default), "
+                        "'now', or an ISO date")
+    p.add_argument("--cache-dir", metavar="DIR",
+                   help="cache root (default $PYTEST_NCCL_CACHE or ~/.cache/pytest-nccl); envs in DIR/envs")
+    p.add_argument("--rebuild", action="store_true", help="rebuild the envs of the releases run now")
+    p.add_argument("--timeout", type=float, default=1800.0, metavar="S",
+                   help="bound for one pytest run (default 1800)")
+    p.add_argument("-v", "--verbose", action="store_true", help="stream the installer's and pytest's output")
+    return p
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    own, pytest_args = bisect_cli.split_argv(argv)
+    parser = build_parser()
+    ns = parser.parse_args(own)
+    ns.argv = list(argv)
+    ns.pytest_args = pytest_args
+    ns.results = Path(ns.results)
+    ns.out = Path(ns.out) if ns.out else ns.results.with_suffix(".md")
+    if ns.out.resolve() == ns.results.resolve():
+        parser.error("--out and --results are the same file")
+    if ns.render_only:
+        return ns
+    if not ns.package:
+        parser.error("give the PACKAGE, e.g. trl (or --render-only)")
+    if ns.versions and (ns.from_ or ns.to):
+        parser.error("give --from/--to or --versions, not both")
+    if not ns.versions and not (ns.from_ and ns.to):
+        parser.error("give the releases: --from V --to V, or --versions LIST")
+    ns.keep = parse_version_list(ns.keep)
+    ns.version_list = parse_version_list(ns.versions) if ns.versions else []
+    for v in [ns.from_, ns.to, *ns.version_list, *ns.keep]:
+        if v is None:
+            continue
+        try:
+            Version(v)
+        except InvalidVersion:
+            parser.error(f"{v!r} is not a version")
+    ns.worlds = sorted(set(ns.world or [2]))
+    if ns.worlds[0] < 1:
+        parser.error("--world must be at least 1")
+    if not pytest_args:
+        parser.error("give the pytest selection after '--', e.g. -- suites/trl/matrix")
+    if any(a.startswith("--nccl-world") for a in pytest_args):
+        parser.error("leave --nccl-world out of the pytest args: the tool adds it per --world")
+    if ns.as_of not in ("release", "now"):
+        try:
+            t = _dt.datetime.fromisoformat(ns.as_of.replace("Z", "+00:00"))
+        except ValueError:
+            parser.error(f"--as-of: {ns.as_of!r} is not 'release', 'now' or an ISO date")
+        ns.as_of = t if t.tzinfo else t.replace(tzinfo=_dt.timezone.utc)
+    if ns.timeout <= 0:
+        parser.error("--timeout must be positive")
+    return ns
+
+
+# --------------------------------------------------------------------------- parts
+
+
+def list_releases(ns, out: TextIO) -> list[Release]:
+    if ns.version_list:
+        dated: dict[str, Release] = {}
+        if ns.as_of == "release":  # best effort: release dates for the cutoff
+            try:
+                dated = {r.version: r for r in bisect_cli._index(ns).releases(ns.package)}
+            except IndexError_ as e:
+                out.write(f"note: no release dates ({e}); resolving with the newest dependencies\n")
+        rels = {Version(v): dated.get(v, Release(v)) for v in ns.version_list}
+        rels = [rels[k] for k in sorted(rels)]
+    else:
+        rels = select_range(bisect_cli._index(ns).releases(ns.package), ns.from_, ns.to,
+                            pre=ns.pre, yanked=ns.include_yanked)
+    if ns.latest_patch:
+        kept = set(latest_patches([r.version for r in rels], ns.keep))
+        rels = [r for r in rels if r.version in kept]
+    return rels
+
+
+_VERSIONS_SNIPPET = r"""
+import importlib.metadata as md, json, sys
+out = {}
+for name in sys.argv[1:]:
+    try:
+        out[name] = md.version(name)
+    except md.PackageNotFoundError:
+        pass
+print(json.dumps(out))
+"""
+
+
+def read_packages(python: Path, names: Sequence[str]) -> dict[str, str]:
+    """{name: version} of the installed ``names`` in the env (what is missing is left out)."""
+    try:
+        p = subprocess.run([str(python), "-c", _VERSIONS_SNIPPET, *names], capture_output=True, text=True,
+                           timeout=120, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+        return {str(k): str(v) for k, v in json.loads(p.stdout.strip().splitlines()[-1]).items()}
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError, AttributeError):
+        return {}
+
+
+def run_record(version: str, world: int, outcome: RunOutcome, packages: dict[str, str],
+               env_seconds: float | None, date: str) -> Run:
+    """The results' record of one pytest run."""
+    tests = {}
+    for c in outcome.cases:
+        tests[c.nodeid] = TestRecord(c.outcome, "" if c.outcome == "passed" else (c.headline or c.outcome))
+    problem = None
+    if outcome.timed_out or outcome.exit_code not in (0, 1) or (outcome.exit_code == 1 and not tests):
+        problem = outcome.headline or f"pytest exited {outcome.exit_code}"
+    return Run(version, world, packages=dict(packages), seconds=outcome.seconds, env_seconds=env_seconds,
+               exit_code=outcome.exit_code, problem=problem, date=date, tests=tests)
+
+
+class Progress:
+    """One line per (release, world): env built / cached, test time, counts."""
+
+    def __init__(self, out: TextIO, total: int, verbose: bool = False):
+        self.out, self.total, self.verbose, self.n = out, total, verbose, 0
+
+    def _write(self, text: str, end: bool = False) -> None:
+        if self.verbose:
+            text = text.strip() + "\n" if text.strip() else ""
+        elif end:
+            text += "\n"
+        self.out.write(text)
+        self.out.flush()
+
+    def start(self, package: str, version: str, world: int, env, first: bool = True) -> None:
+        self.n += 1
+        self._write(f"[{self.n}/{self.total}] {package} {version} w{world}: ")
+        if not first:
+            self._write("env ready, " if env.ok else "env failed")
+        elif env.cached:
+            self._write(("env cached" if env.ok else "env cached failure") + f" ({bisect_cli._fmt_s(env.seconds)})")
+            self._write(", " if env.ok else "")
+        else:
+            self._write(("env built" if env.ok else "env failed") + f" in {bisect_cli._fmt_s(env.seconds)}")
+            self._write(", " if env.ok else "")
+
+    def cannot_install(self, reason: str | None) -> None:
+        self._write(f": cannot install: {reason}", end=True)
+
+    def done(self, run: Run) -> None:
+        c = run.counts()
+        parts = [f"{c[k]} {k}" for k in ("passed", "failed", "error", "skipped", "xfailed") if c[k]]
+        text = f"tests {bisect_cli._fmt_s(run.seconds)}: " + (", ".join(parts) or "no tests")
+        if run.problem:
+            text += f" ({run.problem})"
+        self._write(text, end=True)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    try:
+        ns = parse_args(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as e:
+        return int(e.code) if isinstance(e.code, int) else EXIT_USAGE
+    try:
+        return run(ns, out)
+    except KeyboardInterrupt:  # before the runs (listing releases, making the cache)
+        out.write("\ninterrupted\n")
+        return EXIT_INTERRUPTED
+
+
+def _now() -> _dt.datetime:
+    return _dt.datetime.now(_dt.timezone.utc)
+
+
+def write_markdown(results: Results, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(render(results))
+    os.replace(tmp, path)
+
+
+def _load(ns, out: TextIO) -> Results | None:
+    try:
+        return Results.load(ns.results)
+    except (OSError, ResultsError) as e:
+        out.write(f"pytest-nccl matrix: cannot read {ns.results}: {e}\n")
+        return None
+
+
+def run(ns, out: TextIO, *, index=None, make_cache=None, run_tests: Callable[..., RunOutcome] = run_pytest,
+        packages_of: Callable[[Path, Sequence[str]], dict[str, str]] = read_packages,
+        now: Callable[[], _dt.datetime] = _now) -> int:
+    """Run a parsed command. ``index``, ``make_cache(ns, out)``, ``run_tests`` (the pytest runner),
+    ``packages_of(python, names)`` and ``now`` are injectable: the tests drive it without envs."""
+    if ns.render_only:
+        results = _load(ns, out)
+        if results is None:
+            return EXIT_USAGE
+        write_markdown(results, ns.out)
+        out.write(f"wrote {ns.out} from {ns.results}\n")
+        return EXIT_OK
+    ns.index = index
+    try:
+        releases = list_releases(ns, out)
+    except IndexError_ as e:
+        out.write(f"pytest-nccl matrix: {e}\n")
+        return EXIT_INDEX
+    if not releases:
+        out.write(f"pytest-nccl matrix: no release of {ns.package} left to run\n")
+        return EXIT_INDEX
+    results = Results(ns.package, list(ns.pytest_args))
+    if ns.results.exists():
+        old = _load(ns, out)
+        if old is None:
+            return EXIT_USAGE
+        if canonicalize_name(old.package) != canonicalize_name(ns.package):
+            out.write(f"pytest-nccl matrix: {ns.results} holds {old.package}, not {ns.package}\n")
+            return EXIT_USAGE
+        if old.pytest_args != list(ns.pytest_args) and not ns.rerun:
+            out.write(f"pytest-nccl matrix: {ns.results} was made with `pytest {shlex.join(old.pytest_args)}`, "
+                      f"not `pytest {shlex.join(ns.pytest_args)}`; give another --results, or --rerun to start "
+                      "it again\n")
+            return EXIT_USAGE
+        if old.pytest_args == list(ns.pytest_args):
+            results = old
+    try:
+        cache, installer, tooling, lifted, constraints = (make_cache or bisect_cli._make_cache)(ns, out, "matrix")
+    except SystemExit as e:
+        out.write(f"{e}\n")
+        return EXIT_USAGE
+    base = cache.base
+    config = ProbeConfig(package=ns.package, pytest_args=list(ns.pytest_args), extra=list(ns.extra),
+                         tooling=tooling, constraints=constraints, lifted=lifted, as_of=ns.as_of,
+                         installer=installer, timeout=ns.timeout, rebuild=ns.rebuild, cwd=os.getcwd(),
+                         stream=ns.verbose)
+    versions = [r.version for r in releases]
+    as_of = ns.as_of if isinstance(ns.as_of, str) else ns.as_of.isoformat()
+    results.package, results.pytest_args, results.as_of = ns.package, list(ns.pytest_args), as_of
+    results.command = "python -m pytest_nccl matrix " + shlex.join(ns.argv)
+    results.python, results.torch = base.python_version, base.torch_version or ""
+    results.plan(versions, ns.worlds)
+    todo = [(v, w) for v in versions for w in ns.worlds if ns.rerun or results.get(v, w) is None]
+    total = len(versions) * len(ns.worlds)
+    out.write(f"pytest-nccl matrix: {ns.package} {', '.join(versions)} ({len(versions)} release"
+              f"{'s' if len(versions) != 1 else ''}) x world {', '.join(map(str, ns.worlds))}\n")
+    out.write(f"envs: {cache.envs} ({installer}, layered on torch {base.torch_version}, dependencies as of {as_of})\n")
+    out.write(f"tests: pytest {shlex.join(ns.pytest_args)} --nccl-world=N\n")
+    out.write(f"results: {ns.results}: {total - len(todo)} of {total} runs there already, {len(todo)} to run"
+              + (" (--rerun to run them again)" if total - len(todo) and not ns.rerun else "") + "\n")
+    by_version = {r.version: r for r in releases}
+    progress = Progress(out, len(todo), verbose=ns.verbose)
+    try:
+        for v in versions:
+            worlds = [w for w in ns.worlds if (v, w) in todo]
+            if worlds:
+                _run_release(ns, results, cache, config, by_version[v], worlds, progress, run_tests,
+                             packages_of, now)
+                write_markdown(results, ns.out)
+    except KeyboardInterrupt:
+        results.save(ns.results)
+        write_markdown(results, ns.out)
+        out.write(f"\ninterrupted: {ns.results} and {ns.out} hold what ran\n")
+        return EXIT_INTERRUPTED
+    results.updated = results.updated or now().isoformat(timespec="seconds")
+    results.save(ns.results)
+    write_markdown(results, ns.out)
+    out.write(f"wrote {ns.results} and {ns.out}\n")
+    return EXIT_OK
+
+
+def _run_release(ns, results: Results, cache, config: ProbeConfig, release: Release, worlds: list[int],
+                 progress: Progress, run_tests, packages_of, now) -> None:
+    v = release.version
+    env = cache.ensure(make_request(config, v, release), rebuild=ns.rebuild)
+    built = env.build_seconds  # what building it took, whether now or on an earlier run
+    packages: dict[str, str] = {}
+    if env.ok:
+        names = list(dict.fromkeys([*KEY_PACKAGES, canonicalize_name(ns.package)]))
+        packages = packages_of(env.python, names)
+    for i, w in enumerate(worlds):
+        progress.start(ns.package, v, w, env, first=i == 0)
+        date = now().isoformat(timespec="seconds")
+        if not env.ok:
+            progress.cannot_install(env.reason)
+            record = Run(v, w, env_ok=False, env_reason=env.reason, env_seconds=built, date=date)
+        else:
+            outcome = run_tests(env.python, [*config.pytest_args, f"--nccl-world={w}"],
+                                log=Path(env.path) / f"pytest-w{w}.log", timeout=config.timeout, cwd=config.cwd,
+                                stream=config.stream)
+            record = run_record(v, w, outcome, packages, built, date)
+            progress.done(record)
+        results.put(record)
+        results.updated = date
+        results.save(ns.results)
