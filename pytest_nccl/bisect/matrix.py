@@ -33,8 +33,10 @@ first bad release when it says something else).
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -47,6 +49,7 @@ RED = ("failed", "error")
 #: packages whose resolved versions are recorded per release (plus the package itself)
 KEY_PACKAGES = ("transformers", "accelerate", "datasets", "torch")
 CELL_HEADLINE = 60
+RED_MARK = "\u274c"
 NOT_RUN = "\u00b7"
 NO_ENV = "\u2014"
 MARK = "\u2717"
@@ -296,6 +299,36 @@ def shorten(text: str, n: int = CELL_HEADLINE) -> str:
     return text if len(text) <= n else text[: n - 1].rstrip() + "\u2026"
 
 
+_MISMATCH = re.compile(r"\b(shape|dtype|op|reduce-op|root|split|p2p peer|p2p tag) mismatch(?: in (\w+))?")
+_SKIPPED = re.compile(r"\bskipped (\w+) #")
+_RAISED = re.compile(r"\braised (?:[\w.]+\.)?(\w+(?:Error|Exception|Mismatch|Timeout|Failure))\b")
+_KILLED = re.compile(r"\b(killed by SIG\w+|exited with code -?\d+)")
+
+
+def short_headline(headline: str) -> str:
+    """The kind of a failure, in a few words, for a matrix cell: ``shape mismatch: all_gather``,
+    ``rank skipped all_reduce``, ``hang``, ``AttributeError``; the full headline goes under Findings.
+    Falls back to the headline cut to 40 characters."""
+    text = " ".join((headline or "").split())
+    m = _MISMATCH.search(text)
+    if m:
+        return f"{m.group(1)} mismatch" + (f": {m.group(2)}" if m.group(2) else "")
+    m = _SKIPPED.search(text)
+    if m:
+        return f"rank skipped {m.group(1)}"
+    if " left the test " in text and " wait" in text:
+        return "hang: a rank left early"
+    if "none completed within" in text or " wait in " in text or " waits in " in text:
+        return "hang"
+    m = _RAISED.search(text)
+    if m:
+        return m.group(1)
+    m = _KILLED.search(text)
+    if m:
+        return m.group(1)
+    return shorten(text, 40) or "failed"
+
+
 def md_escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace("|", "\\|")
 
@@ -326,10 +359,10 @@ def cell(results: Results, nodeid: str, version: str, worlds: Sequence[int] | No
     if red:
         head = red[0][1] or "failed"
         if len(red) == len(got):
-            return Cell("red", md_escape(shorten(head)), head)
+            return Cell("red", md_escape(f"{RED_MARK} {short_headline(head)}"), head)
         others = [f"w{w} {_WORD.get(o, NOT_RUN)}" for w, o, _ in got if o not in RED]
         where = "/".join(f"w{w}" for w, _ in red)
-        return Cell("red", md_escape("; ".join(others + [f"{where}: {shorten(head)}"])),
+        return Cell("red", md_escape("; ".join(others + [f"{where}: {RED_MARK} {short_headline(head)}"])),
                     "; ".join(others + [f"{where}: {head}"]))
     words = [_WORD.get(o, NOT_RUN) for _, o, _ in got]
     status = "green" if {"pass", "xfail"} & set(words) else ("skip" if "skip" in words else "none")
@@ -413,3 +446,77 @@ def findings(results: Results, labels: Mapping[str, str] | None = None) -> list[
                              fixed, versions[-1], statuses[-1], versions[last_red], newest,
                              [(v, h) for v, h in heads if h != newest and v != versions[last_red]]))
     return sorted(found, key=lambda f: not f.red_on_newest)
+
+
+# --------------------------------------------------------------------------- notes and groups
+
+
+@dataclass(frozen=True)
+class Note:
+    """What is known about some rows' failures (a notes file's ``[[note]]``): ``rows`` are glob
+    patterns over row labels (``"cpo · *"``), ``text`` the issue-style description shown under the
+    finding; ``new`` marks a finding this matrix found (not a documented bug)."""
+
+    rows: tuple[str, ...]
+    text: str
+    new: bool = False
+
+    def matches(self, label: str) -> bool:
+        return any(fnmatch.fnmatchcase(label, pat) for pat in self.rows)
+
+
+def parse_notes(text: str) -> list[Note]:
+    """Notes from TOML: ``[[note]]`` tables with ``rows`` (a list of globs), ``text``, ``new``."""
+    import tomllib
+
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ResultsError(f"notes: not TOML: {e}") from None
+    out = []
+    for i, item in enumerate(doc.get("note") or []):
+        rows, body = item.get("rows"), item.get("text")
+        if not isinstance(rows, list) or not rows or not all(isinstance(r, str) for r in rows) \
+                or not isinstance(body, str) or not body.strip():
+            raise ResultsError(f"notes: note {i + 1} needs rows = [\"glob\", ...] and text = \"...\"")
+        out.append(Note(tuple(rows), " ".join(body.split()), bool(item.get("new", False))))
+    return out
+
+
+def note_for(label: str, notes: Sequence[Note]) -> Note | None:
+    return next((n for n in notes if n.matches(label)), None)
+
+
+@dataclass
+class FindingGroup:
+    """Findings of one trainer (the label before `` · ``) that read the same: the same red
+    releases, first bad and fixed releases, the same kind of failure, the same note."""
+
+    findings: list[Finding]
+    note: Note | None
+
+    @property
+    def first(self) -> Finding:
+        return self.findings[0]
+
+    def title(self) -> str:
+        labels = [f.label for f in self.findings]
+        head, sep, _ = labels[0].partition(" \u00b7 ")
+        if len(labels) > 1 and sep and all(lab.startswith(head + sep) for lab in labels):
+            return f"{head} \u00b7 " + ", ".join(lab[len(head) + len(sep):] for lab in labels)
+        return ", ".join(labels)
+
+
+def group_findings(found: Sequence[Finding], notes: Sequence[Note] = ()) -> list[FindingGroup]:
+    """Consecutive-or-not findings merged by (trainer, ranges, first bad, fixed, newest status,
+    failure kind, note), in the order of their first member."""
+    groups: dict[tuple, FindingGroup] = {}
+    for f in found:
+        note = note_for(f.label, notes)
+        key = (f.label.partition(" \u00b7 ")[0], f.range_text(), tuple(f.first_bad), tuple(f.fixed),
+               f.newest_status, short_headline(f.headline), note)
+        if key in groups:
+            groups[key].findings.append(f)
+        else:
+            groups[key] = FindingGroup([f], note)
+    return list(groups.values())

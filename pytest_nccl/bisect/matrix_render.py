@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Sequence
 
-from .matrix import (KEY_PACKAGES, MARK, NO_ENV, NOT_RUN, Finding, Results, cell, findings, md_escape,
-                     row_labels, shorten, skip_reason)
+from .matrix import (KEY_PACKAGES, MARK, NO_ENV, NOT_RUN, RED_MARK, FindingGroup, Note, Results, cell,
+                     findings, group_findings, md_escape, row_labels, shorten, skip_reason)
 
 _SUP = str.maketrans("0123456789", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079")
 _STATUS_WORD = {"red": "red", "green": "pass", "skip": "skip", "none": "not run", "noenv": "cannot install"}
@@ -86,7 +86,8 @@ def render_matrix(results: Results, labels: Mapping[str, str]) -> list[str]:
     return out
 
 
-def render_finding(f: Finding) -> list[str]:
+def render_group(g: FindingGroup) -> list[str]:
+    f = g.first
     parts = [f"red on {f.range_text()}"]
     if f.first_bad:
         parts.append("first bad " + ", ".join(f.first_bad))
@@ -94,15 +95,19 @@ def render_finding(f: Finding) -> list[str]:
         parts.append("fixed in " + ", ".join(f.fixed))
     parts.append(f"red on the newest ({f.newest})" if f.red_on_newest
                  else f"newest {f.newest}: {_STATUS_WORD.get(f.newest_status, f.newest_status)}")
-    return ([f"- **{f.label}**: " + "; ".join(parts), f"  - {f.newest_red}: {f.headline}"]
-            + [f"  - {v} (first bad): {h}" for v, h in f.first_bad_headlines])
+    lines = [f"- **{md_escape(g.title())}**: " + "; ".join(parts)]
+    if g.note is not None:
+        lines.append(f"  - {'new finding' if g.note.new else 'known'}: {g.note.text}")
+    lines.append(f"  - {f.newest_red}: {f.headline}")
+    lines += [f"  - {v} (first bad): {h}" for v, h in f.first_bad_headlines]
+    return lines
 
 
 LEGEND = [
     "- `pass`: passed at every world size; `skip`: skipped at every world size "
     "(a superscript on the row names the reason when it is always the same); `xfail`: failed as expected.",
-    "- a headline: the first failing world size's diagnosis; `w2 pass; w4: ...` when world sizes differ "
-    "(full headlines under Findings).",
+    f"- `{RED_MARK} kind`: failed; the kind of failure (`shape mismatch: all_gather`, `hang`, an exception) of the "
+    "first failing world size; `w2 pass; w4: ...` when world sizes differ. The full headlines are under Findings.",
     f"- `{NOT_RUN}`: no result (not run yet, or the test was not collected); "
     f"`{NO_ENV}`: the release's environment could not be built ({MARK} on the column, reason under the table).",
     "- Findings: red releases as ranges; a range goes on across releases without a verdict (skipped, "
@@ -110,7 +115,7 @@ LEGEND = [
 ]
 
 
-def render(results: Results, date: str | None = None) -> str:
+def render(results: Results, date: str | None = None, notes: Sequence[Note] = ()) -> str:
     """The whole page; ``date`` defaults to the day of the results' last update (a re-render from
     the same JSON gives the same text)."""
     date = date or (results.updated[:10] if results.updated else "?")
@@ -131,8 +136,8 @@ def render(results: Results, date: str | None = None) -> str:
     lines += render_matrix(results, labels)
     lines += ["", "## Findings", ""]
     found = findings(results, labels)
-    for f in found:
-        lines += render_finding(f)
+    for g in group_findings(found, notes):
+        lines += render_group(g)
     if not found:
         lines.append("No test failed on any release.")
     lines += ["", "## Legend", ""] + LEGEND

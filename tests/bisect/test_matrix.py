@@ -27,7 +27,10 @@ def run_of(version, world, **tests):
     recs = {}
     for name, val in tests.items():
         outcome, head = (val, "") if isinstance(val, str) else val
-        recs[{"sft": SFT, "dpo": DPO, "grpo": GRPO}[name]] = TestRecord(outcome, head)
+        nodeid = {"sft": SFT, "dpo": DPO, "grpo": GRPO}.get(name)
+        if nodeid is None:  # trainer_stressor -> a cell of the generated matrix
+            nodeid = "suites.trl.matrix.test_matrix::test_cell[{}]".format(name.replace("_", "-"))
+        recs[nodeid] = TestRecord(outcome, head)
     return Run(version, world, packages=dict(PKGS, trl=version), seconds=35.2, env_seconds=41.0, tests=recs)
 
 
@@ -79,10 +82,10 @@ def test_cells_combine_the_worlds():
     assert cell(r, DPO, "1").text == "skip" and cell(r, DPO, "1").status == "skip"
     both = cell(r, GRPO, "1")  # every world failed: the first one's headline, no prefix
     assert both.status == "red" and both.full == H
-    assert both.text == "shape mismatch in all_gather #3 of group default: rank 0 [2\u2026" and len(both.text) == 60
+    assert both.text == "\u274c shape mismatch: all_gather"  # the kind; the whole headline is under Findings
     assert cell(r, GRPO, "2").text == "xfail" and cell(r, GRPO, "2").status == "green"
     mixed = cell(r, SFT, "2")
-    assert mixed.text.startswith("w2 pass; w4: shape mismatch") and mixed.full == f"w2 pass; w4: {H}"
+    assert mixed.text == "w2 pass; w4: \u274c shape mismatch: all_gather" and mixed.full == f"w2 pass; w4: {H}"
     assert cell(r, DPO, "2").text == "w2 pass; w4 skip" and cell(r, DPO, "2").status == "green"
     assert cell(r, SFT, "9").text == "\u00b7" and cell(r, SFT, "9").status == "none"
 
@@ -90,7 +93,7 @@ def test_cells_combine_the_worlds():
 def test_cells_escape_pipes_and_name_several_red_worlds():
     r = results_of(run_of("1", 2, sft="passed"), run_of("1", 4, sft=("failed", "AssertionError: a | b")),
                    run_of("1", 8, sft=("failed", "other")), worlds=(2, 4, 8))
-    assert cell(r, SFT, "1").text == "w2 pass; w4/w8: AssertionError: a \\| b"
+    assert cell(r, SFT, "1").text == "w2 pass; w4/w8: \u274c AssertionError: a \\| b"
 
 
 def test_cells_without_env_without_run_or_after_a_timeout():
@@ -100,8 +103,8 @@ def test_cells_without_env_without_run_or_after_a_timeout():
                    Run("2", 4, problem="pytest did not finish within 1800s", exit_code=None))
     assert cell(r, SFT, "1").text == "\u2014" and cell(r, SFT, "1").status == "noenv"
     timed = cell(r, SFT, "2")
-    assert timed.status == "red" and timed.text == "w2 pass; w4: pytest did not finish within 1800s"
-    assert cell(r, DPO, "2").text == "w2 \u00b7; w4: pytest did not finish within 1800s"
+    assert timed.status == "red" and timed.text == "w2 pass; w4: \u274c pytest did not finish within 1800s"
+    assert cell(r, DPO, "2").text == "w2 \u00b7; w4: \u274c pytest did not finish within 1800s"
 
 
 def test_skip_reason_only_when_always_the_same():
@@ -174,10 +177,9 @@ def test_render_three_releases():
     assert lines[i + 2:i + 11] == [
         "| test | 0.14.0 | 0.15.0 | 0.16.0 \u2717 |",
         "|---|---|---|---|",
-        "| dpo \u00b7 even | pass | shape mismatch in all_gather #3 of group default: rank 0 [2\u2026 | \u2014 |",
+        "| dpo \u00b7 even | pass | \u274c shape mismatch: all_gather | \u2014 |",
         "| grpo \u00b7 big\u00b9 | w2 skip; w4 pass | w2 skip; w4 pass | \u2014 |",
-        "| sft \u00b7 ragged | pass | w2 pass; w4: shape mismatch in all_gather #3 of group default: rank 0 [2\u2026 "
-        "| \u2014 |",
+        "| sft \u00b7 ragged | pass | w2 pass; w4: \u274c shape mismatch: all_gather | \u2014 |",
         "",
         "\u2717 0.16.0: cannot install: No solution found when resolving dependencies  ",
         "\u00b9 skipped: needs 4 GPUs",
@@ -324,8 +326,7 @@ def test_cli_one_run_writes_json_and_markdown(tmp_path):
     assert doc["runs"]["0.15.0"]["4"]["packages"]["trl"] == "0.15.0" and doc["torch"] == "2.13.0+cpu"
     assert doc["command"].startswith("python -m pytest_nccl matrix trl --from 0.14.0 --to 0.16.0")
     md = (tmp_path / "M.md").read_text()
-    assert "| sft \u00b7 ragged | pass | w2 pass; w4: shape mismatch in all_gather #3 of group default: " \
-           "rank 0 [2\u2026 | w2 pass; w4: shape mismatch" in md
+    assert "| sft \u00b7 ragged | pass | w2 pass; w4: \u274c shape mismatch: all_gather | w2 pass; w4: \u274c shape" in md
     assert "| dpo \u00b7 even\u00b9 | w2 pass; w4 skip |" in md
     assert "- **sft \u00b7 ragged**: red on 0.15.0\u20130.15.1; first bad 0.15.0; fixed in 0.16.0; newest 0.16.0: pass" in md
 
@@ -442,3 +443,60 @@ def test_dunder_main_dispatches_matrix(capsys):
     assert dunder_main(["--help"]) == 0 and "matrix" in capsys.readouterr().out
     assert dunder_main(["matrix", "trl"]) == 2
     assert "--results" in capsys.readouterr().err
+
+
+def test_short_headlines_name_the_kind_of_failure():
+    from pytest_nccl.bisect.matrix import short_headline
+
+    assert short_headline(H) == "shape mismatch: all_gather"
+    assert short_headline("op mismatch at collective #15 of group default: ranks 0-2 all_gather, rank 3 "
+                          "all_reduce (from x.py:1)") == "op mismatch"
+    assert short_headline("rank 2 skipped all_reduce #1 of group tp[2,3] from a.py:50 and waits in barrier "
+                          "#1 of group default") == "rank skipped all_reduce"
+    assert short_headline("rank 1 left the test (passed) after 12 collectives in group default; ranks 0,2 "
+                          "wait in all_gather #13") == "hang: a rank left early"
+    assert short_headline("ranks 0,1 raised AttributeError: 'DistributedDataParallel' object has no "
+                          "attribute 'config'") == "AttributeError"
+    assert short_headline("rank 0 killed by SIGABRT [1 collective]") == "killed by SIGABRT"
+    assert short_headline("x" * 100) == "x" * 39 + "\u2026"
+
+
+NOTES = '''
+[[note]]
+rows = ["cpo \u00b7 *", "orpo \u00b7 ragged"]
+text = "trl#3068: logits gathered with a per-rank length"
+
+[[note]]
+rows = ["grpo \u00b7 *"]
+text = "trained 0 steps"
+new = true
+'''
+
+
+def test_notes_parse_match_and_refuse_bad_input():
+    from pytest_nccl.bisect.matrix import ResultsError, note_for, parse_notes
+
+    notes = parse_notes(NOTES)
+    assert note_for("cpo \u00b7 eval_uneven", notes).text.startswith("trl#3068")
+    assert note_for("orpo \u00b7 ragged", notes) is notes[0] and note_for("orpo \u00b7 baseline", notes) is None
+    assert note_for("grpo \u00b7 uneven_rows", notes).new
+    for bad in ("[[note]]\ntext = 'x'\n", "[[note]]\nrows = ['a']\n", "[[note\n"):
+        with pytest.raises(ResultsError, match="notes"):
+            parse_notes(bad)
+
+
+def test_findings_of_one_trainer_that_read_the_same_are_one_group_with_its_note():
+    from pytest_nccl.bisect.matrix import group_findings, parse_notes
+
+    bad = ("failed", H)
+    other = ("failed", "ranks 0,1 raised AttributeError: x")
+    r = results_of(run_of("1", 2, cpo_a="passed", cpo_b="passed", cpo_c="passed", sft_a="passed"),
+                   run_of("2", 2, cpo_a=bad, cpo_b=bad, cpo_c=other, sft_a=bad),
+                   run_of("3", 2, cpo_a="passed", cpo_b="passed", cpo_c="passed", sft_a="passed"), worlds=(2,))
+    groups = group_findings(findings(r), parse_notes(NOTES))
+    titles = [g.title() for g in groups]
+    assert titles == ["cpo \u00b7 a, b", "cpo \u00b7 c", "sft \u00b7 a"], titles
+    assert groups[0].note.text.startswith("trl#3068") and groups[2].note is None
+    md = render(r, notes=parse_notes(NOTES))
+    assert "- **cpo \u00b7 a, b**: red on 2; first bad 2; fixed in 3; newest 3: pass" in md
+    assert "  - known: trl#3068: logits gathered with a per-rank length" in md
