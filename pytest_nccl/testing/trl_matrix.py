@@ -37,6 +37,8 @@ STRESSORS: dict[str, str] = {
     "padding_free": "padding_free=True on ragged data",
     "all_masked": "the last rank's completions never end (no EOS) and mask_truncated_completions=True:"
                   " its completion mask is empty; the others' end",
+    "all_masked_entropy": "all_masked with top_entropy_quantile=0.2: the entropy mask of a rank with no"
+                          " unmasked token (trl#4041's condition)",
     "ragged_completions": "the last rank's completions run to max length without EOS, the others'"
                           " end after 2 tokens: every rank pads completions to its own length",
     "one_sided_labels": "the last rank holds only undesirable examples, the others both kinds",
@@ -70,8 +72,8 @@ TRAINERS: tuple[TrainerSpec, ...] = (
     TrainerSpec("orpo", "preference", LM, model="qwen2",
                 config={"max_length": 32, "max_prompt_length": 8, "remove_unused_columns": False}),
     TrainerSpec("gkd", "messages", LM, config={"max_length": 32, "max_new_tokens": 4, "lmbda": 1.0}),
-    TrainerSpec("grpo", "prompt", ONLINE + ("all_masked",), online=True),
-    TrainerSpec("rloo", "prompt", ONLINE + ("all_masked",), online=True),
+    TrainerSpec("grpo", "prompt", ONLINE + ("all_masked", "all_masked_entropy"), online=True),
+    TrainerSpec("rloo", "prompt", ONLINE + ("all_masked", "all_masked_entropy"), online=True),
     TrainerSpec("online_dpo", "prompt", ONLINE, online=True, config={"max_new_tokens": 4, "max_length": 32}),
     TrainerSpec("distillation", "conversation_prompt", ONLINE, online=True, config={"max_completion_length": 4}),
 )
@@ -101,8 +103,10 @@ def unsupported(trainer: str, stressor: str) -> str | None:
         return "this TRL's RLOO is the PPO-style trainer (policy, reference and reward models), not in the matrix"
     if stressor in ("packing", "padding_free") and stressor not in fields:
         return f"this TRL's {trainer} config has no {stressor}"
-    if stressor == "all_masked" and "mask_truncated_completions" not in fields:
+    if stressor.startswith("all_masked") and "mask_truncated_completions" not in fields:
         return f"this TRL's {trainer} config has no mask_truncated_completions"
+    if stressor == "all_masked_entropy" and "top_entropy_quantile" not in fields:
+        return f"this TRL's {trainer} config has no top_entropy_quantile"
     return None
 
 
@@ -149,14 +153,16 @@ def _online_config(spec: TrainerSpec, stressor: str, rank: int, world: int, tok,
     """Generation settings: completions of at most 4 tokens that end in EOS on every rank, except
     the last rank's under the completion stressors, which never end."""
     last = rank == world - 1
-    never_ends = last and stressor in ("all_masked", "ragged_completions")
+    never_ends = last and stressor in ("all_masked", "all_masked_entropy", "ragged_completions")
     ends = {"suppress_tokens": [tok.eos_token_id]} if never_ends else {"forced_eos_token_id": tok.eos_token_id}
     if stressor == "ragged_completions" and not last:
         ends["max_new_tokens"] = 2
     config = {"max_prompt_length": 16, "max_completion_length": 4, "num_generations": 2, "beta": 0.0,
               "generation_kwargs": ends}
-    if stressor == "all_masked":
+    if stressor.startswith("all_masked"):
         config["mask_truncated_completions"] = True
+    if stressor == "all_masked_entropy":
+        config["top_entropy_quantile"] = 0.2
     config.update(spec.config)
     return {k: v for k, v in config.items() if k in fields or k in ("max_prompt_length",)}
 

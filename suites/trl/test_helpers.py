@@ -64,3 +64,41 @@ def test_data_bands():
     assert set(data.lengths(0, ragged=False)) == set(data.lengths(1, ragged=False)) == {8}
     rows = data.preference_rows(1)
     assert all(len(c) == n for c, n in zip(rows["chosen"], data.lengths(1)))
+
+
+def test_matrix_cells_are_generated_from_the_trainer_table():
+    from pytest_nccl.testing import trl_matrix as matrix
+
+    cells = matrix.cells()
+    assert len(cells) == len(set(cells)) == sum(len(t.stressors) for t in matrix.TRAINERS)
+    assert {s for _, s in cells} == set(matrix.STRESSORS)  # every stressor is used and described
+    assert set(matrix.BY_NAME) <= set(compat.NAMES)
+    assert ("kto", "one_sided_labels") in cells and ("sft", "one_sided_labels") not in cells
+    assert all(not s.startswith("all_masked") or matrix.BY_NAME[t].online for t, s in cells)
+
+
+def test_matrix_rows_are_equal_in_count_and_odd_only_on_the_last_rank():
+    """Every rank holds the same row count (the samplers' contract); what differs is content."""
+    from pytest_nccl.testing import trl_matrix as matrix
+
+    for world in (2, 3, 4):
+        for trainer, stressor in matrix.cells():
+            spec = matrix.BY_NAME[trainer]
+            per_rank = [matrix.rows_for(spec, stressor, r, world) for r in range(world)]
+            counts = {len(next(iter(rows.values()))) for rows in per_rank}
+            assert len(counts) == 1, (trainer, stressor, world, counts)
+        spec = matrix.BY_NAME["kto"]
+        labels = [set(matrix.rows_for(spec, "one_sided_labels", r, world)["label"]) for r in range(world)]
+        assert labels[-1] == {False} and all(lab == {True, False} for lab in labels[:-1])
+        evals = [len(matrix.eval_rows_for(spec, r, world)["label"]) for r in range(world)]
+        assert evals == [2 * world] * (world - 1) + [2 * world - 1]
+    uneven = matrix.rows_for(matrix.BY_NAME["sft"], "uneven_rows", 0, 2)["text"]
+    assert len(uneven) % (matrix.BATCH * 2) == 1  # a remainder row: one rank's share is larger
+
+
+def test_matrix_cells_run_or_say_why_not_on_this_trl():
+    from pytest_nccl.testing import trl_matrix as matrix
+
+    for trainer, stressor in matrix.cells():
+        why = matrix.unsupported(trainer, stressor)
+        assert why is None or trainer in why or stressor in why or "RLOO" in why, why
