@@ -23,7 +23,7 @@ collected), ``—`` (the release's env could not be built: said once, under the 
 headline of the first failing world, cut to :data:`CELL_HEADLINE` characters, after the other
 worlds' outcomes when they differ: ``w2 pass; w4: shape mismatch in all_gather #3 ...``.
 
-Findings (:func:`findings`), for each row that fails (is red) on some release: the red releases as
+Findings (:func:`.matrix_findings.findings`), for each row that fails (is red) on some release: the red releases as
 ranges in release order; a range is not broken by releases without a verdict (skipped, not run,
 cannot install) when the nearest releases with a verdict on both sides are red; "first bad" is the
 first release of a range that follows a passing release; "fixed in" the passing release after a
@@ -33,7 +33,6 @@ first bad release when it says something else).
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import re
@@ -376,147 +375,3 @@ def skip_reason(results: Results, nodeid: str) -> str | None:
     reasons = {run.tests[nodeid].headline for run in results.runs.values()
                if nodeid in run.tests and run.tests[nodeid].outcome == "skipped"}
     return reasons.pop() if len(reasons) == 1 and "" not in reasons else None
-
-
-# --------------------------------------------------------------------------- findings
-
-
-@dataclass
-class Finding:
-    nodeid: str
-    label: str
-    ranges: list[tuple[str, str]]
-    first_bad: list[str]  # "0.21.0" or "0.21.0 (0.20.1 untested)"
-    fixed: list[str]
-    newest: str
-    newest_status: str  # the newest release's cell status
-    newest_red: str
-    headline: str
-    #: (release, headline) of each "first bad" release whose headline differs from ``headline``
-    first_bad_headlines: list[tuple[str, str]] = field(default_factory=list)
-
-    @property
-    def red_on_newest(self) -> bool:
-        return self.newest_status == "red"
-
-    def range_text(self) -> str:
-        return ", ".join(a if a == b else f"{a}{DASH}{b}" for a, b in self.ranges)
-
-
-def red_ranges(statuses: Sequence[str]) -> list[tuple[int, int]]:
-    """Index ranges of red releases; releases without a verdict (not red, not green) inside a range
-    do not break it when the nearest releases with a verdict on both sides are red."""
-    out: list[tuple[int, int]] = []
-    last_verdict: str | None = None
-    for i, s in enumerate(statuses):
-        if s == "red":
-            if out and last_verdict == "red":
-                out[-1] = (out[-1][0], i)
-            else:
-                out.append((i, i))
-        if s in ("red", "green"):
-            last_verdict = s
-    return out
-
-
-def findings(results: Results, labels: Mapping[str, str] | None = None) -> list[Finding]:
-    """Rows red on some release, red on the newest first, then in row order."""
-    versions = results.versions
-    labels = labels or row_labels(results.nodeids())
-    found = []
-    for n in results.nodeids():
-        cells = [cell(results, n, v) for v in versions]
-        statuses = [c.status for c in cells]
-        ranges = red_ranges(statuses)
-        if not ranges:
-            continue
-        first_bad, fixed, heads = [], [], []
-        for a, b in ranges:
-            before = [i for i in range(a) if statuses[i] in ("red", "green")]
-            if before and statuses[before[-1]] == "green":
-                gap = versions[before[-1] + 1:a]
-                first_bad.append(versions[a] + (f" ({', '.join(gap)} untested)" if gap else ""))
-                heads.append((versions[a], cells[a].full))
-            after = [i for i in range(b + 1, len(versions)) if statuses[i] in ("red", "green")]
-            if after and statuses[after[0]] == "green":
-                fixed.append(versions[after[0]])
-        last_red = ranges[-1][1]
-        newest = cells[last_red].full
-        found.append(Finding(n, labels.get(n, n), [(versions[a], versions[b]) for a, b in ranges], first_bad,
-                             fixed, versions[-1], statuses[-1], versions[last_red], newest,
-                             [(v, h) for v, h in heads if h != newest and v != versions[last_red]]))
-    return sorted(found, key=lambda f: not f.red_on_newest)
-
-
-# --------------------------------------------------------------------------- notes and groups
-
-
-@dataclass(frozen=True)
-class Note:
-    """What is known about some rows' failures (a notes file's ``[[note]]``): ``rows`` are glob
-    patterns over row labels (``"cpo · *"``), ``text`` the issue-style description shown under the
-    finding; ``new`` marks a finding this matrix found (not a documented bug)."""
-
-    rows: tuple[str, ...]
-    text: str
-    new: bool = False
-
-    def matches(self, label: str) -> bool:
-        return any(fnmatch.fnmatchcase(label, pat) for pat in self.rows)
-
-
-def parse_notes(text: str) -> list[Note]:
-    """Notes from TOML: ``[[note]]`` tables with ``rows`` (a list of globs), ``text``, ``new``."""
-    import tomllib
-
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise ResultsError(f"notes: not TOML: {e}") from None
-    out = []
-    for i, item in enumerate(doc.get("note") or []):
-        rows, body = item.get("rows"), item.get("text")
-        if not isinstance(rows, list) or not rows or not all(isinstance(r, str) for r in rows) \
-                or not isinstance(body, str) or not body.strip():
-            raise ResultsError(f"notes: note {i + 1} needs rows = [\"glob\", ...] and text = \"...\"")
-        out.append(Note(tuple(rows), " ".join(body.split()), bool(item.get("new", False))))
-    return out
-
-
-def note_for(label: str, notes: Sequence[Note]) -> Note | None:
-    return next((n for n in notes if n.matches(label)), None)
-
-
-@dataclass
-class FindingGroup:
-    """Findings of one trainer (the label before `` · ``) that read the same: the same red
-    releases, first bad and fixed releases, the same kind of failure, the same note."""
-
-    findings: list[Finding]
-    note: Note | None
-
-    @property
-    def first(self) -> Finding:
-        return self.findings[0]
-
-    def title(self) -> str:
-        labels = [f.label for f in self.findings]
-        head, sep, _ = labels[0].partition(" \u00b7 ")
-        if len(labels) > 1 and sep and all(lab.startswith(head + sep) for lab in labels):
-            return f"{head} \u00b7 " + ", ".join(lab[len(head) + len(sep):] for lab in labels)
-        return ", ".join(labels)
-
-
-def group_findings(found: Sequence[Finding], notes: Sequence[Note] = ()) -> list[FindingGroup]:
-    """Consecutive-or-not findings merged by (trainer, ranges, first bad, fixed, newest status,
-    failure kind, note), in the order of their first member."""
-    groups: dict[tuple, FindingGroup] = {}
-    for f in found:
-        note = note_for(f.label, notes)
-        key = (f.label.partition(" \u00b7 ")[0], f.range_text(), tuple(f.first_bad), tuple(f.fixed),
-               f.newest_status, short_headline(f.headline), note)
-        if key in groups:
-            groups[key].findings.append(f)
-        else:
-            groups[key] = FindingGroup([f], note)
-    return list(groups.values())

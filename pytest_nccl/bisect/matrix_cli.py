@@ -23,6 +23,7 @@ import datetime as _dt
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +33,8 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from . import cli as bisect_cli
-from .matrix import KEY_PACKAGES, Results, ResultsError, Run, TestRecord, latest_patches, parse_notes
+from .matrix import KEY_PACKAGES, Results, ResultsError, Run, TestRecord, latest_patches
+from .matrix_findings import parse_notes
 from .matrix_render import render
 from .prober import ProbeConfig, make_request
 from .runner import RunOutcome, run_pytest
@@ -194,7 +196,10 @@ def read_packages(python: Path, names: Sequence[str]) -> dict[str, str]:
 
 def run_record(version: str, world: int, outcome: RunOutcome, packages: dict[str, str],
                env_seconds: float | None, date: str) -> Run:
-    """The results' record of one pytest run."""
+    """The results' record of one pytest run. A pytest stopped by SIGINT or SIGTERM that was not our
+    timeout is the matrix being stopped, not a result: KeyboardInterrupt (nothing recorded)."""
+    if not outcome.timed_out and outcome.exit_code in (-signal.SIGINT, -signal.SIGTERM):
+        raise KeyboardInterrupt
     tests = {}
     for c in outcome.cases:
         tests[c.nodeid] = TestRecord(c.outcome, "" if c.outcome == "passed" else (c.headline or c.outcome))
@@ -252,11 +257,20 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         ns = parse_args(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as e:
         return int(e.code) if isinstance(e.code, int) else EXIT_USAGE
+    # `kill` of a long matrix ends it as Ctrl-C does: what ran is saved, the running pytest's
+    # process group is killed (run_pytest), and the run it was in is not recorded
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         return run(ns, out)
     except KeyboardInterrupt:  # before the runs (listing releases, making the cache)
         out.write("\ninterrupted\n")
         return EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _now() -> _dt.datetime:

@@ -9,8 +9,9 @@ import pytest
 from pytest_nccl.__main__ import main as dunder_main
 from pytest_nccl.bisect import matrix_cli
 from pytest_nccl.bisect.envs import BaseInfo, EnvBuildError, EnvCache
-from pytest_nccl.bisect.matrix import (Results, ResultsError, Run, TestRecord, cell, findings, latest_patches,
-                                       red_ranges, row_labels, skip_reason)
+from pytest_nccl.bisect.matrix import (Results, ResultsError, Run, TestRecord, cell, latest_patches, row_labels,
+                                       skip_reason)
+from pytest_nccl.bisect.matrix_findings import findings, red_ranges
 from pytest_nccl.bisect.matrix_render import render
 from pytest_nccl.bisect.runner import CaseResult, RunOutcome
 from pytest_nccl.bisect.search import Verdict
@@ -273,8 +274,9 @@ def version_of(python):
 class FakeRunner:
     """sft fails at world 4 on 0.15.x; dpo is skipped at world 4; ``interrupt_at`` raises Ctrl-C."""
 
-    def __init__(self, interrupt_at=None, timeout_at=None, peek=None):
+    def __init__(self, interrupt_at=None, timeout_at=None, peek=None, terminated_at=None):
         self.calls, self.interrupt_at, self.timeout_at, self.peek, self.seen = [], interrupt_at, timeout_at, peek, []
+        self.terminated_at = terminated_at
 
     def __call__(self, python, args, *, log, timeout, cwd, stream):
         version, world = version_of(python), int(args[-1].split("=")[1])
@@ -285,6 +287,8 @@ class FakeRunner:
             self.seen.append((sum(len(x) for x in doc["runs"].values()), md.count("| ok (built")))
         if (version, world) == self.interrupt_at:
             raise KeyboardInterrupt
+        if (version, world) == self.terminated_at:  # somebody killed the pytest: no result
+            return RunOutcome(-15, 1.0, Verdict.SKIP, "pytest exited -15", [], log, False)
         if (version, world) == self.timeout_at:
             return RunOutcome(None, 60.0, Verdict.SKIP, "pytest did not finish within 60s", [], log, True)
         sft_bad = version.startswith("0.15") and world == 4
@@ -360,6 +364,15 @@ def test_cli_interrupted_keeps_what_ran(tmp_path):
     assert "| sft \u00b7 ragged | pass | w2 pass; w4 \u00b7 | \u00b7 | \u00b7 |" in (tmp_path / "M.md").read_text()
     _, _, _, runner = drive(argv_for(tmp_path), tmp_path)
     assert [(v, w) for v, w, _ in runner.calls][0] == ("0.15.0", 4)
+
+
+def test_cli_a_pytest_killed_from_outside_is_an_interruption_not_a_result(tmp_path):
+    code, out, _, _ = drive(argv_for(tmp_path), tmp_path, runner=FakeRunner(terminated_at=("0.15.0", 2)))
+    assert code == 130 and "interrupted" in out
+    doc = json.loads((tmp_path / "m.json").read_text())
+    assert sorted((v, w) for v in doc["runs"] for w in doc["runs"][v]) == [("0.14.0", "2"), ("0.14.0", "4")]
+    _, _, _, runner = drive(argv_for(tmp_path), tmp_path)
+    assert [(v, w) for v, w, _ in runner.calls][0] == ("0.15.0", 2)
 
 
 def test_cli_release_that_cannot_install(tmp_path):
@@ -474,7 +487,8 @@ new = true
 
 
 def test_notes_parse_match_and_refuse_bad_input():
-    from pytest_nccl.bisect.matrix import ResultsError, note_for, parse_notes
+    from pytest_nccl.bisect.matrix import ResultsError
+    from pytest_nccl.bisect.matrix_findings import note_for, parse_notes
 
     notes = parse_notes(NOTES)
     assert note_for("cpo \u00b7 eval_uneven", notes).text.startswith("trl#3068")
@@ -486,7 +500,7 @@ def test_notes_parse_match_and_refuse_bad_input():
 
 
 def test_findings_of_one_trainer_that_read_the_same_are_one_group_with_its_note():
-    from pytest_nccl.bisect.matrix import group_findings, parse_notes
+    from pytest_nccl.bisect.matrix_findings import group_findings, parse_notes
 
     bad = ("failed", H)
     other = ("failed", "ranks 0,1 raised AttributeError: x")
