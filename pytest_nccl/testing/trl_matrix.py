@@ -39,13 +39,13 @@ STRESSORS: dict[str, str] = {
                   " its completion mask is empty; the others' end",
     "all_masked_entropy": "all_masked with top_entropy_quantile=0.2: the entropy mask of a rank with no"
                           " unmasked token (trl#4041's condition)",
-    "ragged_completions": "the last rank's completions run to max length without EOS, the others'"
-                          " end after 2 tokens: every rank pads completions to its own length",
+    "all_truncated": "the last rank's completions are all truncated (max length, no EOS), the others'"
+                     " end after 2 tokens: every rank pads completions to its own length",
     "one_sided_labels": "the last rank holds only undesirable examples, the others both kinds",
 }
 
 LM = ("baseline", "ragged", "uneven_rows", "eval_uneven", "grad_accum")
-ONLINE = ("baseline", "ragged", "uneven_rows", "grad_accum", "ragged_completions")
+ONLINE = ("baseline", "ragged", "uneven_rows", "grad_accum", "all_truncated")
 
 
 @dataclass(frozen=True)
@@ -153,9 +153,9 @@ def _online_config(spec: TrainerSpec, stressor: str, rank: int, world: int, tok,
     """Generation settings: completions of at most 4 tokens that end in EOS on every rank, except
     the last rank's under the completion stressors, which never end."""
     last = rank == world - 1
-    never_ends = last and stressor in ("all_masked", "all_masked_entropy", "ragged_completions")
+    never_ends = last and stressor in ("all_masked", "all_masked_entropy", "all_truncated")
     ends = {"suppress_tokens": [tok.eos_token_id]} if never_ends else {"forced_eos_token_id": tok.eos_token_id}
-    if stressor == "ragged_completions" and not last:
+    if stressor == "all_truncated" and not last:
         ends["max_new_tokens"] = 2
     config = {"max_prompt_length": 16, "max_completion_length": 4, "num_generations": 2, "beta": 0.0,
               "generation_kwargs": ends}
