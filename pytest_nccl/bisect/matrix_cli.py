@@ -34,7 +34,7 @@ from packaging.version import InvalidVersion, Version
 
 from . import cli as bisect_cli
 from .matrix import KEY_PACKAGES, Results, ResultsError, Run, TestRecord, latest_patches
-from .matrix_findings import parse_notes
+from .matrix_findings import parse_about, parse_notes
 from .matrix_render import render
 from .prober import ProbeConfig, make_request
 from .runner import RunOutcome, run_pytest
@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--render-only", action="store_true", help="write the Markdown from --results; run nothing")
     p.add_argument("--notes", metavar="FILE",
                    help="TOML of what is known about failing rows ([[note]] rows = [globs], text, new), shown "
-                        "under Findings (default: notes.toml beside --results, when there is one)")
+                        "under Findings, and an 'about' text shown under the title (default: notes.toml "
+                        "beside --results, when there is one)")
     p.add_argument("--pre", action="store_true", help="include pre-releases")
     p.add_argument("--include-yanked", action="store_true", help="include yanked releases")
     p.add_argument("--index-url", metavar="URL",
@@ -109,10 +110,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         parser.error("--out and --results are the same file")
     if ns.notes is None and (ns.results.parent / "notes.toml").is_file():
         ns.notes = ns.results.parent / "notes.toml"
-    ns.note_list = []
+    ns.note_list, ns.about = [], ""
     if ns.notes is not None:
         try:
-            ns.note_list = parse_notes(Path(ns.notes).read_text())
+            text = Path(ns.notes).read_text()
+            ns.note_list, ns.about = parse_notes(text), parse_about(text)
         except (OSError, ResultsError) as e:
             parser.error(f"--notes {ns.notes}: {e}")
     if ns.render_only:
@@ -277,10 +279,10 @@ def _now() -> _dt.datetime:
     return _dt.datetime.now(_dt.timezone.utc)
 
 
-def write_markdown(results: Results, path: Path, notes=()) -> None:
+def write_markdown(results: Results, path: Path, notes=(), about: str = "") -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(render(results, notes=notes))
+    tmp.write_text(render(results, notes=notes, about=about))
     os.replace(tmp, path)
 
 
@@ -301,7 +303,7 @@ def run(ns, out: TextIO, *, index=None, make_cache=None, run_tests: Callable[...
         results = _load(ns, out)
         if results is None:
             return EXIT_USAGE
-        write_markdown(results, ns.out, ns.note_list)
+        write_markdown(results, ns.out, ns.note_list, ns.about)
         out.write(f"wrote {ns.out} from {ns.results}\n")
         return EXIT_OK
     ns.index = index
@@ -360,15 +362,15 @@ def run(ns, out: TextIO, *, index=None, make_cache=None, run_tests: Callable[...
             if worlds:
                 _run_release(ns, results, cache, config, by_version[v], worlds, progress, run_tests,
                              packages_of, now)
-                write_markdown(results, ns.out, ns.note_list)
+                write_markdown(results, ns.out, ns.note_list, ns.about)
     except KeyboardInterrupt:
         results.save(ns.results)
-        write_markdown(results, ns.out, ns.note_list)
+        write_markdown(results, ns.out, ns.note_list, ns.about)
         out.write(f"\ninterrupted: {ns.results} and {ns.out} hold what ran\n")
         return EXIT_INTERRUPTED
     results.updated = results.updated or now().isoformat(timespec="seconds")
     results.save(ns.results)
-    write_markdown(results, ns.out, ns.note_list)
+    write_markdown(results, ns.out, ns.note_list, ns.about)
     out.write(f"wrote {ns.results} and {ns.out}\n")
     return EXIT_OK
 

@@ -117,6 +117,20 @@ def parse_notes(text: str) -> list[Note]:
     return out
 
 
+def parse_about(text: str) -> str:
+    """The notes file's top-level ``about``: Markdown shown under the page's title (what the rows
+    mean), or ""."""
+    import tomllib
+
+    try:
+        about = tomllib.loads(text).get("about", "")
+    except tomllib.TOMLDecodeError as e:
+        raise ResultsError(f"notes: not TOML: {e}") from None
+    if not isinstance(about, str):
+        raise ResultsError("notes: about must be a string")
+    return about.strip()
+
+
 def note_for(label: str, notes: Sequence[Note]) -> Note | None:
     return next((n for n in notes if n.matches(label)), None)
 

@@ -116,7 +116,7 @@ LEGEND = [
 ]
 
 
-def render(results: Results, date: str | None = None, notes: Sequence[Note] = ()) -> str:
+def render(results: Results, date: str | None = None, notes: Sequence[Note] = (), about: str = "") -> str:
     """The whole page; ``date`` defaults to the day of the results' last update (a re-render from
     the same JSON gives the same text)."""
     date = date or (results.updated[:10] if results.updated else "?")
@@ -131,6 +131,7 @@ def render(results: Results, date: str | None = None, notes: Sequence[Note] = ()
              f"{len(results.versions)} release{'s' if len(results.versions) != 1 else ''} of {results.package} "
              f"at world sizes {worlds}, {as_of}; each run is "
              f"`pytest {' '.join(results.pytest_args)} --nccl-world=N`.", "",
+             *([about, ""] if about else []),
              "## Stacks", ""]
     lines += render_stacks(results)
     lines += ["", "## Matrix", ""]

@@ -102,3 +102,15 @@ def test_matrix_cells_run_or_say_why_not_on_this_trl():
     for trainer, stressor in matrix.cells():
         why = matrix.unsupported(trainer, stressor)
         assert why is None or trainer in why or stressor in why or "RLOO" in why, why
+
+
+def test_matrix_page_describes_every_stressor_as_the_code_does():
+    """MATRIX.md's legend (notes.toml's about) must not drift from what the cells do."""
+    import pathlib
+    import tomllib
+
+    from pytest_nccl.testing import trl_matrix as matrix
+
+    about = tomllib.loads((pathlib.Path(__file__).parent / "matrix" / "notes.toml").read_text())["about"]
+    for name, text in matrix.STRESSORS.items():
+        assert f"- `{name}`: {text}\n" in about, name

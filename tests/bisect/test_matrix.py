@@ -514,3 +514,14 @@ def test_findings_of_one_trainer_that_read_the_same_are_one_group_with_its_note(
     md = render(r, notes=parse_notes(NOTES))
     assert "- **cpo \u00b7 a, b**: red on 2; first bad 2; fixed in 3; newest 3: pass" in md
     assert "  - known: trl#3068: logits gathered with a per-rank length" in md
+
+
+def test_the_notes_about_text_goes_under_the_title(tmp_path):
+    from pytest_nccl.bisect.matrix_findings import parse_about
+
+    text = 'about = """Rows are trainer \u00b7 stressor."""\n' + NOTES
+    assert parse_about(text) == "Rows are trainer \u00b7 stressor." and parse_about(NOTES) == ""
+    (tmp_path / "notes.toml").write_text(text)
+    drive(argv_for(tmp_path), tmp_path)
+    md = (tmp_path / "M.md").read_text().splitlines()
+    assert md[4] == "Rows are trainer \u00b7 stressor." and md[6] == "## Stacks"
