@@ -4,9 +4,9 @@
     check_stack_outcomes.py STACK JUNIT.xml
 
 STACK names a row of EXPECTED (e.g. "trl-0.15.0", "current"). A test listed for the stack must
-fail with CollectiveMismatch (the diagnosis headline is of the listed mismatch kind, and the
-report names the TRL source file of the documented collective); every other test must pass (skips are failures
-too, unless listed in SKIP_OK). Prints one line per test and exits 1 on any surprise.
+fail with its documented exception (CollectiveMismatch unless the entry names another), the
+diagnosis headline of the listed kind, and the report naming the TRL source file of the bug; every
+other test must pass (skips are failures too, unless listed in SKIP_OK). Prints one line per test and exits 1 on any surprise.
 Standard library only: it runs under whatever Python runs .ci.
 """
 
@@ -29,13 +29,18 @@ CPO_3068 = {
 # rank 1 skips the entropy gather and enters its next one: on gloo that is a dtype mismatch
 # (rank 0's int64 length gather against rank 1's float32 metric gather) at the same seq
 GRPO_4041 = {"test_grpo.py::test_grpo_entropy_mask_one_rank_empty": ("trl/trainer/grpo_trainer.py", ANY_MISMATCH)}
+# every rank raises at its first generation: not a collective mismatch, a crash on every rank
+ONLINE_DPO_3063 = {"test_online_dpo.py::test_online_dpo_generates_on_every_rank": (
+    "trl/trainer/online_dpo_trainer.py", r"^ranks 0,1 raised AttributeError: 'DistributedDataParallel' object "
+    r"has no attribute 'config'", "RankRaised")}
 
 # stack -> tests that must fail with CollectiveMismatch there (all others must pass)
-EXPECTED: dict[str, dict[str, str]] = {
-    "trl-0.14.0": {**CPO_3068},  # SFT good (no token-accuracy gather yet), CPO/ORPO bad
-    "trl-0.15.0": {**SFT_2879, **CPO_3068},  # both bugs
-    "trl-0.15.1": {**CPO_3068},  # SFT fixed by #2890
-    "trl-0.16.1": {**CPO_3068},  # last release with trl#3068
+EXPECTED: dict[str, dict[str, tuple]] = {
+    # online DPO: trl#3063 from 0.14.0 (0.13.0 good, bisected) to 0.16.1
+    "trl-0.14.0": {**CPO_3068, **ONLINE_DPO_3063},  # SFT good (no token-accuracy gather yet), CPO/ORPO bad
+    "trl-0.15.0": {**SFT_2879, **CPO_3068, **ONLINE_DPO_3063},  # both bugs
+    "trl-0.15.1": {**CPO_3068, **ONLINE_DPO_3063},  # SFT fixed by #2890
+    "trl-0.16.1": {**CPO_3068, **ONLINE_DPO_3063},  # last release with trl#3068 and trl#3063
     "trl-0.17.0": {},  # fixed by #3069
     # trl#4041, the entropy-mask early return: in 0.21.0 .. 0.23.0 (checked in the wheels); 0.23.1
     # gathers with pad_across_processes and has no early return
@@ -92,16 +97,17 @@ def check(stack: str, junit: str) -> list[str]:
         pattern = next((p for p in expected if _matches(tid, p)), None)
         if pattern is not None:
             seen_patterns.add(pattern)
-            site, kind = expected[pattern]
+            site, kind, *rest = expected[pattern]
+            want = rest[0] if rest else "CollectiveMismatch"
             headline = props.get("nccl_diagnosis") or message
             exc = props.get("nccl_exception")  # written by newer plugins; else judged by the headline
             ok = (outcome == "failure" and re.search(kind, headline) is not None
-                  and (exc is None or exc == "CollectiveMismatch") and site in text)
+                  and (exc is None or exc == want) and site in text)
             verdict = "ok  " if ok else "FAIL"
-            print(f"{verdict} {tid}: expected CollectiveMismatch at {site}; got {outcome}: {headline[:200]}")
+            print(f"{verdict} {tid}: expected {want} at {site}; got {outcome}: {headline[:200]}")
             if not ok:
-                problems.append(f"{tid}: expected a CollectiveMismatch ({kind!r} at {site}), "
-                                f"got {outcome}: {headline[:300]}")
+                problems.append(f"{tid}: expected a {want} ({kind!r} at {site}), "
+                                f"got {outcome} ({exc}): {headline[:300]}")
         elif outcome == "skipped" and any(_matches(tid, p) for p in SKIP_OK.get(stack, [])):
             print(f"ok   {tid}: skipped ({message[:120]})")
         else:
@@ -111,7 +117,7 @@ def check(stack: str, junit: str) -> list[str]:
                 problems.append(f"{tid}: expected to pass, got {outcome}: {message[:300]}")
     for pattern in expected:
         if pattern not in seen_patterns:
-            problems.append(f"{pattern}: expected a CollectiveMismatch but no such test ran")
+            problems.append(f"{pattern}: expected a failure but no such test ran")
     return problems
 
 

@@ -97,8 +97,18 @@ def config_fields(name: str) -> set[str]:
 
 
 def trainer_params(name: str) -> set[str]:
-    """The parameter names of trainer ``name``'s constructor."""
-    return set(inspect.signature(classes(name)[0].__init__).parameters)
+    """The parameter names of trainer ``name``'s constructor: the first ``__init__`` in its MRO that
+    names its parameters (TRL's deprecation shims, e.g. ``trl.KTOTrainer`` in 0.2x, take
+    ``*args, **kwargs`` and pass them on to the real trainer in ``trl.experimental``)."""
+    passing_on = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    for klass in classes(name)[0].__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters
+        if sum(p.kind not in passing_on for p in params.values()) > 1:  # more than self
+            return set(params)
+    return set()
 
 
 def preload(*names: str, model_kinds=("llama", "qwen2"), missing_ok: bool = False) -> dict:
@@ -143,8 +153,7 @@ def make_config(name: str, output_dir, **kwargs):
 def make_trainer(name: str, *, model, args, tokenizer, train_dataset, **kwargs):
     """Build trainer ``name``, passing ``tokenizer`` as ``processing_class`` or ``tokenizer``."""
     trainer_cls, _ = classes(name)
-    params = inspect.signature(trainer_cls.__init__).parameters
-    key = "processing_class" if "processing_class" in params else "tokenizer"
+    key = "processing_class" if "processing_class" in trainer_params(name) else "tokenizer"
     kwargs[key] = tokenizer
     return trainer_cls(model=model, args=args, train_dataset=train_dataset, **kwargs)
 

@@ -114,3 +114,30 @@ def test_matrix_page_describes_every_stressor_as_the_code_does():
     about = tomllib.loads((pathlib.Path(__file__).parent / "matrix" / "notes.toml").read_text())["about"]
     for name, text in matrix.STRESSORS.items():
         assert f"- `{name}`: {text}\n" in about, name
+
+
+def test_compat_sees_through_deprecation_shims():
+    """trl 0.2x's ``trl.KTOTrainer`` is ``__init__(self, *args, **kwargs)`` over the real trainer:
+    the parameters are the real trainer's, so the tokenizer goes in as processing_class."""
+    import types
+
+    class Real:
+        def __init__(self, model, args=None, processing_class=None, ref_model=None):
+            pass
+
+    class Shim(Real):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+
+    fake = types.ModuleType("fake_trl_shim")
+    fake.KTOTrainer, fake.KTOConfig = Shim, object
+    import sys
+
+    sys.modules["fake_trl_shim"] = fake
+    saved = compat._LOCATIONS["kto"]
+    compat._LOCATIONS["kto"] = [("fake_trl_shim", "KTOTrainer", "KTOConfig")]
+    try:
+        assert compat.trainer_params("kto") == {"self", "model", "args", "processing_class", "ref_model"}
+    finally:
+        compat._LOCATIONS["kto"] = saved
+        del sys.modules["fake_trl_shim"]
