@@ -91,7 +91,9 @@ def implicit_preference_rows(rank: int, *, ragged: bool = True, **kw) -> dict:
 
 
 def conversation_prompt_rows(rank: int, *, ragged: bool = True, **kw) -> dict:
-    """Conversational prompt-only rows ``{"prompt": [[user], ...]}`` (the user turn carries the
-    rank's length band)."""
-    return {"prompt": [[{"role": "user", "content": _text(rank * 100 + i, n)}]
-                       for i, n in enumerate(lengths(rank, ragged=ragged, **kw))]}
+    """Conversational prompt-only rows (the user turn carries the rank's length band), under both
+    names TRL's on-policy trainers have read them by: ``{"prompt": [[user], ...], "messages":
+    [[user], ...]}`` (DistillationTrainer read ``messages`` in 1.x's experimental releases)."""
+    turns = [[{"role": "user", "content": _text(rank * 100 + i, n)}]
+             for i, n in enumerate(lengths(rank, ragged=ragged, **kw))]
+    return {"prompt": turns, "messages": [list(t) for t in turns]}

@@ -18,6 +18,7 @@ about the trainer); ``uneven_rows`` makes the ranks' shares uneven the way a rea
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from . import data
 from . import trl_compat as compat
@@ -202,7 +203,15 @@ def run_cell(trainer: str, stressor: str, *, rank: int, world: int, output_dir):
         # they would load the reference by the model's name; a tiny model has none
         kwargs["ref_model"] = tiny_causal_lm(spec.model, tokenizer=tok)
     if "teacher_model" in params:
-        kwargs["teacher_model"] = tiny_causal_lm(spec.model, tokenizer=tok, seed=1)
+        teacher = tiny_causal_lm(spec.model, tokenizer=tok, seed=1)
+        if trainer == "distillation":
+            # DistillationTrainer (1.x) loads the teacher's tokenizer by the model's name to compare
+            # it with the student's: give the tiny teacher a local directory as its name
+            where = Path(output_dir) / f"teacher-rank{rank}"
+            teacher.save_pretrained(where)
+            tok.save_pretrained(where)
+            teacher.config._name_or_path = str(where)
+        kwargs["teacher_model"] = teacher
     if spec.online and "reward_funcs" in params:
         kwargs["reward_funcs"] = reward_len
     elif spec.online and "reward_model" in params:
