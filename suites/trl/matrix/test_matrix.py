@@ -4,9 +4,9 @@ stressor that applies to it (``pytest_nccl.testing.trl_matrix``), one test per c
     pytest --nccl-world=2 suites/trl/matrix         # and --nccl-world=4
     python -m pytest_nccl matrix trl ...            # over releases: suites/trl/MATRIX.md
 
-A cell the installed TRL cannot run (no such trainer, no such option) skips with the reason. A cell
-that fails on the current release is a finding (``findings.py``): it is marked xfail(strict) with
-its description, for the releases where it is known to fail.
+A cell the installed TRL cannot run (no such trainer, no such option) skips with the reason. What
+is known about the cells that fail on some release (the upstream issue, the first bad and the fixed
+release, or why it is not a collective bug) is in ``notes.toml``, which the matrix page shows.
 """
 
 import pytest
