@@ -64,6 +64,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", metavar="V", help="sweep: last release")
     p.add_argument("--versions", metavar="LIST",
                    help="the releases to consider, comma or space separated, instead of the index's list")
+    add_release_options(p)
+    p.add_argument("--no-check-bounds", action="store_true",
+                   help="trust --good/--bad instead of testing them first")
+    p.add_argument("--timeout", type=float, default=1800.0, metavar="S",
+                   help="bound for one pytest run (default 1800); past it the release is a skip")
+    p.add_argument("-v", "--verbose", action="store_true", help="stream the installer's and pytest's output")
+    return p
+
+
+def add_release_options(p: argparse.ArgumentParser) -> None:
+    """The options bisect and matrix share: where the release list comes from, and how each
+    release's env is built (the same cache and fingerprint for both)."""
     p.add_argument("--pre", action="store_true", help="include pre-releases")
     p.add_argument("--include-yanked", action="store_true", help="include yanked releases")
     p.add_argument("--index-url", metavar="URL",
@@ -80,12 +92,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", metavar="DIR",
                    help="cache root (default $PYTEST_NCCL_CACHE or ~/.cache/pytest-nccl); envs in DIR/envs")
     p.add_argument("--rebuild", action="store_true", help="rebuild envs even when cached (retries failed installs)")
-    p.add_argument("--no-check-bounds", action="store_true",
-                   help="trust --good/--bad instead of testing them first")
-    p.add_argument("--timeout", type=float, default=1800.0, metavar="S",
-                   help="bound for one pytest run (default 1800); past it the release is a skip")
-    p.add_argument("-v", "--verbose", action="store_true", help="stream the installer's and pytest's output")
-    return p
+
+
+def check_release_options(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    """``--as-of`` to a datetime (unless 'release' or 'now') and a positive ``--timeout``, or
+    one argparse error line."""
+    if ns.as_of not in ("release", "now"):
+        try:
+            t = _dt.datetime.fromisoformat(ns.as_of.replace("Z", "+00:00"))
+        except ValueError:
+            parser.error(f"--as-of: {ns.as_of!r} is not 'release', 'now' or an ISO date")
+        ns.as_of = t if t.tzinfo else t.replace(tzinfo=_dt.timezone.utc)
+    if ns.timeout <= 0:
+        parser.error("--timeout must be positive")
 
 
 def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -122,14 +141,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         parser.error("--good and --bad are the same version")
     if not pytest_args:
         parser.error("give the pytest selection after '--', e.g. -- suites/trl -k cpo")
-    if ns.as_of not in ("release", "now"):
-        try:
-            t = _dt.datetime.fromisoformat(ns.as_of.replace("Z", "+00:00"))
-        except ValueError:
-            parser.error(f"--as-of: {ns.as_of!r} is not 'release', 'now' or an ISO date")
-        ns.as_of = t if t.tzinfo else t.replace(tzinfo=_dt.timezone.utc)
-    if ns.timeout <= 0:
-        parser.error("--timeout must be positive")
+    check_release_options(parser, ns)
     return ns
 
 

@@ -76,22 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="TOML of what is known about failing rows ([[note]] rows = [globs], text, new), shown "
                         "under Findings, and an 'about' text shown under the title (default: notes.toml "
                         "beside --results, when there is one)")
-    p.add_argument("--pre", action="store_true", help="include pre-releases")
-    p.add_argument("--include-yanked", action="store_true", help="include yanked releases")
-    p.add_argument("--index-url", metavar="URL",
-                   help="PyPI JSON API base (default $PYTEST_NCCL_PYPI_JSON or https://pypi.org/pypi)")
-    p.add_argument("--pip-index", action="store_true",
-                   help="list releases with 'pip index versions' (configured pip index) instead of the JSON API")
-    p.add_argument("--installer", choices=("auto", "uv", "pip"), default="auto",
-                   help="resolver for the envs: uv when present (auto), else pip")
-    p.add_argument("--with", dest="extra", action="append", default=[], metavar="REQ",
-                   help="extra requirement for every env (repeatable), e.g. peft")
-    p.add_argument("--as-of", default="release", metavar="WHEN",
-                   help="resolve each release's dependencies as of: 'release' (its upload date, default), "
-                        "'now', or an ISO date")
-    p.add_argument("--cache-dir", metavar="DIR",
-                   help="cache root (default $PYTEST_NCCL_CACHE or ~/.cache/pytest-nccl); envs in DIR/envs")
-    p.add_argument("--rebuild", action="store_true", help="rebuild the envs of the releases run now")
+    bisect_cli.add_release_options(p)
     p.add_argument("--timeout", type=float, default=1800.0, metavar="S",
                    help="bound for one pytest run (default 1800)")
     p.add_argument("-v", "--verbose", action="store_true", help="stream the installer's and pytest's output")
@@ -141,14 +126,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         parser.error("give the pytest selection after '--', e.g. -- suites/trl/matrix")
     if any(a.startswith("--nccl-world") for a in pytest_args):
         parser.error("leave --nccl-world out of the pytest args: the tool adds it per --world")
-    if ns.as_of not in ("release", "now"):
-        try:
-            t = _dt.datetime.fromisoformat(ns.as_of.replace("Z", "+00:00"))
-        except ValueError:
-            parser.error(f"--as-of: {ns.as_of!r} is not 'release', 'now' or an ISO date")
-        ns.as_of = t if t.tzinfo else t.replace(tzinfo=_dt.timezone.utc)
-    if ns.timeout <= 0:
-        parser.error("--timeout must be positive")
+    bisect_cli.check_release_options(parser, ns)
     return ns
 
 
