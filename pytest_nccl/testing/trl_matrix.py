@@ -180,7 +180,10 @@ def run_cell(trainer: str, stressor: str, *, rank: int, world: int, output_dir):
     tok = tiny_tokenizer(padding_side="left" if spec.online else "right")
     fields = compat.config_fields(trainer)
     params = compat.trainer_params(trainer)
-    config = dict(per_device_train_batch_size=BATCH, **_steps(stressor))
+    # Metrics logged every step, as a real job logs them: TRL gathers its metrics across the
+    # ranks in log(), which a run without logging never reaches before its end
+    config = dict(per_device_train_batch_size=BATCH, logging_strategy="steps", logging_steps=1,
+                  **_steps(stressor))
     kwargs: dict = {}
     if spec.online:
         config.update(_online_config(spec, stressor, rank, world, tok, fields))

@@ -141,3 +141,25 @@ def test_compat_sees_through_deprecation_shims():
     finally:
         compat._LOCATIONS["kto"] = saved
         del sys.modules["fake_trl_shim"]
+
+
+def test_matrix_page_is_what_its_results_and_notes_give():
+    """MATRIX.md is generated: re-rendering results.json with notes.toml gives the committed page,
+    and every row of the results is a cell the suite has now (no stale rows after a rename)."""
+    import pathlib
+
+    from pytest_nccl.bisect.matrix import Results
+    from pytest_nccl.bisect.matrix_findings import parse_about, parse_notes
+    from pytest_nccl.bisect.matrix_render import render
+    from pytest_nccl.testing import trl_matrix as matrix
+
+    here = pathlib.Path(__file__).parent
+    results = Results.load(here / "matrix" / "results.json")
+    notes = (here / "matrix" / "notes.toml").read_text()
+    page = render(results, notes=parse_notes(notes), about=parse_about(notes))
+    assert (here / "MATRIX.md").read_text() == page, "MATRIX.md is stale: python -m pytest_nccl matrix --render-only"
+    cells = {f"suites.trl.matrix.test_matrix::test_cell[{t}-{s}]" for t, s in matrix.cells()}
+    assert set(results.nodeids()) <= cells, sorted(set(results.nodeids()) - cells)
+    newest = results.versions[-1]
+    for world in results.worlds:
+        assert set(results.get(newest, world).tests) == cells, (newest, world)
