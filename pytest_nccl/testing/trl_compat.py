@@ -52,9 +52,9 @@ _ALIASES = {
 # Fields that a release may not have at all: dropped when absent.
 _OPTIONAL = {"max_prompt_length", "dataset_num_proc", "use_liger_kernel", "use_liger"}
 
-# What every trainer in a test gets: CPU, no saving, no logging, no workers.
+# What every trainer in a test gets: no saving, no logging, no workers; and the device of the rank
+# (``use_cpu`` from ``on_cpu()`` when not given).
 QUIET_ARGS = dict(
-    use_cpu=True,
     report_to=[],
     save_strategy="no",
     logging_strategy="no",
@@ -132,12 +132,26 @@ def preload(*names: str, model_kinds=("llama", "qwen2"), missing_ok: bool = Fals
     return {name: classes(name) for name in names}
 
 
+def on_cpu() -> bool:
+    """Whether a trainer on this rank runs on the CPU: yes unless the group's backend is NCCL. The
+    plugin gives every NCCL rank a GPU of its own and makes ``cuda:LOCAL_RANK`` current; a trainer
+    with ``use_cpu=True`` there would hand CPU tensors to NCCL collectives. Under gloo the device is
+    the CPU (the plugin's ``device`` fixture says so too), CUDA hidden or not. Outside a group:
+    whether CUDA is available."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_backend() != "nccl"
+    return not torch.cuda.is_available()
+
+
 def make_config(name: str, output_dir, **kwargs):
-    """Config for trainer ``name`` with ``QUIET_ARGS`` under ``kwargs``, field names
-    translated to what the installed TRL calls them."""
+    """Config for trainer ``name`` with ``QUIET_ARGS`` (and ``use_cpu=on_cpu()``) under ``kwargs``,
+    field names translated to what the installed TRL calls them."""
     _, config_cls = classes(name)
     fields = {f.name for f in dataclasses.fields(config_cls)}
-    args = dict(QUIET_ARGS)
+    args = dict(QUIET_ARGS, use_cpu=on_cpu())
     args.update(kwargs)
     out = {"output_dir": str(output_dir)}
     for key, value in args.items():

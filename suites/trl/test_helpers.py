@@ -1,4 +1,7 @@
-"""The tiny tokenizer/model factory the suites stand on (controller side, no ranks)."""
+"""The tiny tokenizer/model factory the suites stand on (controller side, no ranks), and the
+device a trainer gets on a rank."""
+
+import pytest
 
 from pytest_nccl.testing import trl_compat as compat  # first: offline HF environment
 from pytest_nccl.testing import data, tiny_causal_lm, tiny_tokenizer
@@ -44,7 +47,11 @@ def test_compat_finds_every_trainer_and_translates_fields(tmp_path):
         assert trainer_cls.__name__.lower().startswith(name)
     args = compat.make_config("sft", tmp_path, max_length=24, max_steps=1)
     assert getattr(args, "max_length", None) == 24 or getattr(args, "max_seq_length", None) == 24
-    assert args.use_cpu and args.save_strategy == "no" and not args.report_to
+    assert args.save_strategy == "no" and not args.report_to
+    import torch
+
+    assert args.use_cpu == (not torch.cuda.is_available())  # no group here: the device CUDA offers
+    assert compat.make_config("sft", tmp_path, use_cpu=True).use_cpu  # what a test says wins
 
 
 def test_data_bands():
@@ -163,3 +170,13 @@ def test_matrix_page_is_what_its_results_and_notes_give():
     newest = results.versions[-1]
     for world in results.worlds:
         assert set(results.get(newest, world).tests) == cells, (newest, world)
+
+
+@pytest.mark.nccl
+def test_trainers_run_on_the_device_of_the_rank(tmp_path, device):
+    """On NCCL a trainer runs on the rank's GPU (use_cpu=True would hand CPU tensors to NCCL); on
+    gloo on the CPU, as the plugin's ``device`` fixture says."""
+    import torch.distributed as dist
+
+    args = compat.make_config("sft", tmp_path, max_steps=1)
+    assert args.use_cpu == (dist.get_backend() != "nccl") == (device.type == "cpu")
