@@ -9,6 +9,9 @@ import fnmatch
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion
+
 from .matrix import DASH, Results, ResultsError, cell, row_labels, short_headline
 
 
@@ -89,14 +92,24 @@ def findings(results: Results, labels: Mapping[str, str] | None = None) -> list[
 class Note:
     """What is known about some rows' failures (a notes file's ``[[note]]``): ``rows`` are glob
     patterns over row labels (``"cpo · *"``), ``text`` the issue-style description shown under the
-    finding; ``new`` marks a finding this matrix found (not a documented bug)."""
+    finding; ``new`` marks a finding this matrix found (not a documented bug); ``releases`` (a PEP
+    440 specifier set, ``">=0.14.0,<0.17.0"``; empty: any) the releases it is about, so that one
+    row red for two reasons in two ranges gets each range's note."""
 
     rows: tuple[str, ...]
     text: str
     new: bool = False
+    releases: str = ""
 
-    def matches(self, label: str) -> bool:
-        return any(fnmatch.fnmatchcase(label, pat) for pat in self.rows)
+    def matches(self, label: str, version: str | None = None) -> bool:
+        if not any(fnmatch.fnmatchcase(label, pat) for pat in self.rows):
+            return False
+        if version is None or not self.releases:
+            return True
+        try:
+            return SpecifierSet(self.releases).contains(version, prereleases=True)
+        except InvalidVersion:
+            return False
 
 
 def parse_notes(text: str) -> list[Note]:
@@ -113,7 +126,13 @@ def parse_notes(text: str) -> list[Note]:
         if not isinstance(rows, list) or not rows or not all(isinstance(r, str) for r in rows) \
                 or not isinstance(body, str) or not body.strip():
             raise ResultsError(f"notes: note {i + 1} needs rows = [\"glob\", ...] and text = \"...\"")
-        out.append(Note(tuple(rows), " ".join(body.split()), bool(item.get("new", False))))
+        releases = item.get("releases", "")
+        try:
+            SpecifierSet(releases)
+        except (InvalidSpecifier, TypeError):
+            raise ResultsError(f"notes: note {i + 1}: releases = {releases!r} is not a specifier set "
+                               "such as \">=0.14.0,<0.17.0\"") from None
+        out.append(Note(tuple(rows), " ".join(body.split()), bool(item.get("new", False)), releases))
     return out
 
 
@@ -131,8 +150,20 @@ def parse_about(text: str) -> str:
     return about.strip()
 
 
-def note_for(label: str, notes: Sequence[Note]) -> Note | None:
-    return next((n for n in notes if n.matches(label)), None)
+def note_for(label: str, notes: Sequence[Note], version: str | None = None) -> Note | None:
+    """The first note about ``label`` (on ``version``, when given)."""
+    return next((n for n in notes if n.matches(label, version)), None)
+
+
+def notes_of(f: Finding, notes: Sequence[Note]) -> list[tuple[str, Note]]:
+    """(range text, note) for each red range of ``f`` that a note covers (the note about the
+    range's first release), a note once."""
+    out: list[tuple[str, Note]] = []
+    for a, b in f.ranges:
+        note = note_for(f.label, notes, a)
+        if note is not None and all(note is not n for _, n in out):
+            out.append((a if a == b else f"{a}{DASH}{b}", note))
+    return out
 
 
 @dataclass
@@ -141,7 +172,7 @@ class FindingGroup:
     releases, first bad and fixed releases, the same kind of failure, the same note."""
 
     findings: list[Finding]
-    note: Note | None
+    notes: list[tuple[str, Note]]  # (red range, what is known about it)
 
     @property
     def first(self) -> Finding:
@@ -160,11 +191,11 @@ def group_findings(found: Sequence[Finding], notes: Sequence[Note] = ()) -> list
     failure kind, note), in the order of their first member."""
     groups: dict[tuple, FindingGroup] = {}
     for f in found:
-        note = note_for(f.label, notes)
+        known = notes_of(f, notes)
         key = (f.label.partition(" \u00b7 ")[0], f.range_text(), tuple(f.first_bad), tuple(f.fixed),
-               f.newest_status, short_headline(f.headline), note)
+               f.newest_status, short_headline(f.headline), tuple((r, id(n)) for r, n in known))
         if key in groups:
             groups[key].findings.append(f)
         else:
-            groups[key] = FindingGroup([f], note)
+            groups[key] = FindingGroup([f], known)
     return list(groups.values())

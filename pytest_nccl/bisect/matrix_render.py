@@ -97,8 +97,9 @@ def render_group(g: FindingGroup) -> list[str]:
     parts.append(f"red on the newest ({f.newest})" if f.red_on_newest
                  else f"newest {f.newest}: {_STATUS_WORD.get(f.newest_status, f.newest_status)}")
     lines = [f"- **{md_escape(g.title())}**: " + "; ".join(parts)]
-    if g.note is not None:
-        lines.append(f"  - {'new finding' if g.note.new else 'known'}: {g.note.text}")
+    for where, note in g.notes:
+        what = "new finding" if note.new else "known"
+        lines.append(f"  - {what}{f' ({where})' if len(f.ranges) > 1 else ''}: {note.text}")
     lines.append(f"  - {f.newest_red}: {f.headline}")
     lines += [f"  - {v} (first bad): {h}" for v, h in f.first_bad_headlines]
     return lines

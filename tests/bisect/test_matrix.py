@@ -510,7 +510,7 @@ def test_findings_of_one_trainer_that_read_the_same_are_one_group_with_its_note(
     groups = group_findings(findings(r), parse_notes(NOTES))
     titles = [g.title() for g in groups]
     assert titles == ["cpo \u00b7 a, b", "cpo \u00b7 c", "sft \u00b7 a"], titles
-    assert groups[0].note.text.startswith("trl#3068") and groups[2].note is None
+    assert groups[0].notes[0][1].text.startswith("trl#3068") and groups[2].notes == []
     md = render(r, notes=parse_notes(NOTES))
     assert "- **cpo \u00b7 a, b**: red on 2; first bad 2; fixed in 3; newest 3: pass" in md
     assert "  - known: trl#3068: logits gathered with a per-rank length" in md
@@ -525,3 +525,29 @@ def test_the_notes_about_text_goes_under_the_title(tmp_path):
     drive(argv_for(tmp_path), tmp_path)
     md = (tmp_path / "M.md").read_text().splitlines()
     assert md[4] == "Rows are trainer \u00b7 stressor." and md[6] == "## Stacks"
+
+
+def test_a_row_red_for_two_reasons_gets_the_note_of_each_range():
+    from pytest_nccl.bisect.matrix_findings import parse_notes
+
+    notes = parse_notes('''
+[[note]]
+rows = ["sft \u00b7 *"]
+releases = ">=2,<3"
+text = "the gather bug"
+
+[[note]]
+rows = ["sft \u00b7 *"]
+releases = "==4"
+new = true
+text = "the triton bug"
+''')
+    bad = ("failed", H)
+    crash = ("failed", "ranks 0,1 raised AttributeError: x")
+    r = results_of(run_of("1", 2, sft_a="passed"), run_of("2", 2, sft_a=bad), run_of("3", 2, sft_a="passed"),
+                   run_of("4", 2, sft_a=crash), run_of("5", 2, sft_a="passed"), worlds=(2,))
+    md = render(r, notes=notes)
+    assert "- **sft \u00b7 a**: red on 2, 4; first bad 2, 4; fixed in 3, 5; newest 5: pass" in md
+    assert "  - known (2): the gather bug" in md and "  - new finding (4): the triton bug" in md
+    with pytest.raises(ResultsError, match="specifier"):
+        parse_notes('[[note]]\nrows = ["a"]\ntext = "x"\nreleases = "~~1"\n')
