@@ -68,11 +68,7 @@ def tiny_causal_lm(kind: str = "llama", *, tokenizer=None, seed: int = 0, dtype=
     from transformers import AutoModelForCausalLM
 
     config = tiny_config(kind, tokenizer, **overrides)
-    # Fork the RNG so the caller's global torch RNG state is left as it was.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-    model = model.to(dtype or torch.float32)
+    model = _seeded(AutoModelForCausalLM, config, seed).to(dtype or torch.float32)
     gc = model.generation_config
     gc.pad_token_id = config.pad_token_id
     gc.eos_token_id = config.eos_token_id
@@ -84,12 +80,19 @@ def tiny_causal_lm(kind: str = "llama", *, tokenizer=None, seed: int = 0, dtype=
 def tiny_reward_model(kind: str = "llama", *, tokenizer=None, seed: int = 0, **overrides: Any):
     """A ``kind`` sequence classifier with one label (a reward model), seeded like
     ``tiny_causal_lm``: what TRL's RewardTrainer trains."""
-    import torch
     from transformers import AutoModelForSequenceClassification
 
-    config = tiny_config(kind, tokenizer, num_labels=1, **overrides)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = AutoModelForSequenceClassification.from_config(config, attn_implementation="eager")
+    model = _seeded(AutoModelForSequenceClassification, tiny_config(kind, tokenizer, num_labels=1, **overrides),
+                    seed)
     model.train()
     return model
+
+
+def _seeded(auto_class, config, seed: int):
+    """``auto_class.from_config(config)`` (eager attention) with weights from ``seed``; the RNG is
+    forked so the caller's global torch RNG state is left as it was."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return auto_class.from_config(config, attn_implementation="eager")

@@ -150,7 +150,7 @@ def make_config(name: str, output_dir, **kwargs):
     """Config for trainer ``name`` with ``QUIET_ARGS`` (and ``use_cpu=on_cpu()``) under ``kwargs``,
     field names translated to what the installed TRL calls them."""
     _, config_cls = classes(name)
-    fields = {f.name for f in dataclasses.fields(config_cls)}
+    fields = config_fields(name)
     args = dict(QUIET_ARGS, use_cpu=on_cpu())
     args.update(kwargs)
     out = {"output_dir": str(output_dir)}

@@ -91,6 +91,23 @@ def reward_len(completions, **kwargs):
     return [float(len(c)) for c in completions]
 
 
+def reward_kwargs(trainer: str, tok, model_kind: str = "llama") -> dict:
+    """What an online trainer is scored by: ``reward_len`` where it takes reward functions, else
+    (releases before them) a tiny reward model with ``tok`` as its processing class; nothing for a
+    trainer that takes neither (Distillation, scored by its teacher)."""
+    params = compat.trainer_params(trainer)
+    if "reward_funcs" in params:
+        return {"reward_funcs": reward_len}
+    if "reward_model" not in params:
+        return {}
+    from .models import tiny_reward_model
+
+    out = {"reward_model": tiny_reward_model(model_kind, tokenizer=tok, seed=2)}
+    if "reward_processing_class" in params:
+        out["reward_processing_class"] = tok
+    return out
+
+
 def unsupported(trainer: str, stressor: str) -> str | None:
     """Why the installed TRL cannot run this cell (a skip reason), or None."""
     spec = BY_NAME[trainer]
@@ -187,8 +204,6 @@ def run_cell(trainer: str, stressor: str, *, rank: int, world: int, output_dir):
     kwargs: dict = {}
     if spec.online:
         config.update(_online_config(spec, stressor, rank, world, tok, fields))
-        if "generation_kwargs" not in fields:
-            config.pop("generation_kwargs", None)
     else:
         config.update(spec.config)
     if stressor in ("packing", "padding_free"):
@@ -215,12 +230,8 @@ def run_cell(trainer: str, stressor: str, *, rank: int, world: int, output_dir):
             tok.save_pretrained(where)
             teacher.config._name_or_path = str(where)
         kwargs["teacher_model"] = teacher
-    if spec.online and "reward_funcs" in params:
-        kwargs["reward_funcs"] = reward_len
-    elif spec.online and "reward_model" in params:
-        kwargs["reward_model"] = tiny_reward_model(spec.model, tokenizer=tok, seed=2)
-        if "reward_processing_class" in params:
-            kwargs["reward_processing_class"] = tok
+    if spec.online:
+        kwargs.update(reward_kwargs(trainer, tok, spec.model))
     compat.reset_accelerate_state()
     try:
         args = compat.make_config(trainer, output_dir, **config)

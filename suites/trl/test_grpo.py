@@ -16,14 +16,11 @@ import pytest
 
 from pytest_nccl.testing import trl_compat as compat  # first: offline HF environment
 from pytest_nccl.testing import data, tiny_causal_lm, tiny_tokenizer
+from pytest_nccl.testing.trl_matrix import reward_len
 from datasets import Dataset
 
 # Trainer modules load lazily (seconds): pay that once, in the plugin's fork server.
 compat.preload("grpo")
-
-
-def reward_len(completions, **kwargs):
-    return [float(len(c)) for c in completions]
 
 
 def _grpo_has_entropy_mask():

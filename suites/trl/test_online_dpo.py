@@ -14,15 +14,11 @@ import pytest
 
 from pytest_nccl.testing import trl_compat as compat  # first: offline HF environment
 from pytest_nccl.testing import data, tiny_causal_lm, tiny_tokenizer
-from pytest_nccl.testing.models import tiny_reward_model
+from pytest_nccl.testing.trl_matrix import reward_kwargs
 from datasets import Dataset
 
 # Trainer modules load lazily (seconds): pay that once, in the plugin's fork server.
 compat.preload("online_dpo", missing_ok=True)
-
-
-def reward_len(completions, **kwargs):
-    return [float(len(c)) for c in completions]
 
 
 @pytest.mark.nccl
@@ -32,13 +28,8 @@ def test_online_dpo_generates_on_every_rank(tmp_path):
     if not compat.has("online_dpo"):
         pytest.skip("this TRL has no OnlineDPOTrainer")
     tok = tiny_tokenizer(padding_side="left")
-    params = compat.trainer_params("online_dpo")
-    if "reward_funcs" in params:
-        judge = {"reward_funcs": reward_len}
-    else:  # before reward functions: a reward model (releases of the bug)
-        judge = {"reward_model": tiny_reward_model("llama", tokenizer=tok, seed=2)}
-        if "reward_processing_class" in params:
-            judge["reward_processing_class"] = tok
+    # reward functions where it takes them, else (the releases of the bug) a tiny reward model
+    judge = reward_kwargs("online_dpo", tok)
     trainer = compat.train(
         "online_dpo",
         model=tiny_causal_lm("llama", tokenizer=tok),
