@@ -268,20 +268,27 @@ def _index(ns) -> object:
     return PyPIJsonIndex(ns.index_url)
 
 
+def given_releases(ns, versions: Sequence[str], out: TextIO) -> list[Release]:
+    """The releases named by ``--versions`` (bisect and matrix), with their upload dates from the
+    index when ``--as-of release`` needs them (best effort: without the index they resolve with
+    the newest dependencies, said once)."""
+    dated: dict[str, Release] = {}
+    if ns.as_of == "release":
+        try:
+            dated = {r.version: r for r in _index(ns).releases(ns.package)}
+        except IndexError_ as e:
+            out.write(f"note: no release dates ({e}); resolving with the newest dependencies\n")
+    return [dated.get(v, Release(v)) for v in versions]
+
+
 def _list_releases(ns, out: TextIO) -> list[Release]:
     lo, hi = ns.range
     if ns.versions:
         given = parse_version_list(ns.versions)
-        dated: dict[str, Release] = {}
-        if ns.as_of == "release":  # best effort: release dates for the cutoff
-            try:
-                dated = {r.version: r for r in _index(ns).releases(ns.package)}
-            except IndexError_ as e:
-                out.write(f"note: no release dates ({e}); resolving with the newest dependencies\n")
-        rels = [dated.get(v, Release(v)) for v in given]
-        for b in (lo, hi):
-            if all(Version(r.version) != Version(b) for r in rels):
-                rels.append(dated.get(b, Release(b)))
+        for b in (lo, hi):  # the bounds are probed too, listed or not
+            if all(Version(v) != Version(b) for v in given):
+                given.append(b)
+        rels = given_releases(ns, given, out)
         return select_range(StaticIndex({ns.package: rels}).releases(ns.package), lo, hi,
                             pre=True, yanked=True)
     return select_range(_index(ns).releases(ns.package), lo, hi, pre=ns.pre, yanked=ns.include_yanked)

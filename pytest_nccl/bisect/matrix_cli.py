@@ -135,13 +135,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def list_releases(ns, out: TextIO) -> list[Release]:
     if ns.version_list:
-        dated: dict[str, Release] = {}
-        if ns.as_of == "release":  # best effort: release dates for the cutoff
-            try:
-                dated = {r.version: r for r in bisect_cli._index(ns).releases(ns.package)}
-            except IndexError_ as e:
-                out.write(f"note: no release dates ({e}); resolving with the newest dependencies\n")
-        rels = {Version(v): dated.get(v, Release(v)) for v in ns.version_list}
+        rels = {Version(r.version): r for r in bisect_cli.given_releases(ns, ns.version_list, out)}
         rels = [rels[k] for k in sorted(rels)]
     else:
         rels = select_range(bisect_cli._index(ns).releases(ns.package), ns.from_, ns.to,
