@@ -7,10 +7,12 @@ import pytest
 
 from pytest_nccl.__main__ import main as dunder_main
 from pytest_nccl.bisect import cli
-from pytest_nccl.bisect.envs import BaseInfo, EnvBuildError, EnvCache
+from pytest_nccl.bisect.envs import BaseInfo, EnvCache
 from pytest_nccl.bisect.runner import RunOutcome
 from pytest_nccl.bisect.search import Verdict
 from pytest_nccl.bisect.versions import Release, StaticIndex
+
+from fakes import FakeBuilder
 
 RELEASES = ["0.12.2", "0.13.0", "0.14.0", "0.15.0", "0.15.1", "0.15.2", "0.16.0", "0.16.1", "0.17.0",
             "0.18.0", "0.18.1", "0.18.2", "0.19.0", "0.20.0rc1"]
@@ -18,22 +20,6 @@ CPO_BAD = {"0.14.0", "0.15.0", "0.15.1", "0.15.2", "0.16.0", "0.16.1"}
 SFT_BAD = {"0.15.0"}
 HEADLINE = "shape mismatch in all_gather #3 of group default: rank 0 [2, 7, 32], rank 1 [2, 5, 32]"
 BASE = BaseInfo("python", "3.11.7", "2.13.0+cpu", "/base")
-
-
-class FakeBuilder:
-    name = "fake"
-
-    def __init__(self, uninstallable=()):
-        self.calls = []
-        self.uninstallable = set(uninstallable)
-
-    def build(self, request, path, base, log):
-        self.calls.append(request.version)
-        if request.version in self.uninstallable:
-            raise EnvBuildError("No solution found when resolving dependencies")
-        (path / "bin").mkdir(parents=True)
-        (path / "bin" / "python").write_text("")
-        (path / "version").write_text(request.version)
 
 
 class FakeRunner:

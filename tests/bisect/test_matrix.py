@@ -8,7 +8,7 @@ import pytest
 
 from pytest_nccl.__main__ import main as dunder_main
 from pytest_nccl.bisect import matrix_cli
-from pytest_nccl.bisect.envs import BaseInfo, EnvBuildError, EnvCache
+from pytest_nccl.bisect.envs import BaseInfo, EnvCache
 from pytest_nccl.bisect.matrix import (Results, ResultsError, Run, TestRecord, cell, latest_patches, row_labels,
                                        skip_reason)
 from pytest_nccl.bisect.matrix_findings import findings, red_ranges
@@ -16,6 +16,8 @@ from pytest_nccl.bisect.matrix_render import render
 from pytest_nccl.bisect.runner import CaseResult, RunOutcome
 from pytest_nccl.bisect.search import Verdict
 from pytest_nccl.bisect.versions import StaticIndex
+
+from fakes import FakeBuilder
 
 H = "shape mismatch in all_gather #3 of group default: rank 0 [2, 7, 32], rank 1 [2, 5, 32] (call site trl/x.py:12)"
 M = "suites.trl.matrix.test_matrix::"
@@ -250,21 +252,6 @@ def test_latest_patches_keeps_named_versions():
 RELEASES = ["0.13.0", "0.14.0", "0.15.0", "0.15.1", "0.16.0", "0.17.0rc1"]
 BASE = BaseInfo("python", "3.11.7", "2.13.0+cpu", "/base")
 NOW = __import__("datetime").datetime(2026, 5, 10, 12, 0, tzinfo=__import__("datetime").timezone.utc)
-
-
-class FakeBuilder:
-    name = "fake"
-
-    def __init__(self, uninstallable=()):
-        self.calls, self.uninstallable = [], set(uninstallable)
-
-    def build(self, request, path, base, log):
-        self.calls.append(request.version)
-        if request.version in self.uninstallable:
-            raise EnvBuildError("No solution found when resolving dependencies")
-        (path / "bin").mkdir(parents=True)
-        (path / "bin" / "python").write_text("")
-        (path / "version").write_text(request.version)
 
 
 def version_of(python):
