@@ -17,7 +17,7 @@ import sys
 import xml.etree.ElementTree as ET
 
 # Documented regressions: test-id pattern -> (TRL file of the documented collective, headline
-# regex). The headline regexes are the CollectiveMismatch kinds of pytest_nccl.diagnose.
+# regex). The headline regexes are the CollectiveMismatch kinds of pytest_nccl.core.diagnosis.
 SHAPE = r"^shape mismatch in all_gather #\d+ "
 ANY_MISMATCH = r"^((shape|dtype) mismatch in \w+ #\d+ |op mismatch at collective #\d+ )"
 SFT_2879 = {"test_sft.py::test_sft_unpacked_ragged_lengths[*]": ("trl/trainer/sft_trainer.py", SHAPE)}

@@ -116,7 +116,7 @@ def tracer_cpu_cost(n: int = 20000, rounds: int = 5) -> tuple[float, float, floa
 import os, sys, tempfile, time
 os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
 import torch, torch.distributed as dist
-from pytest_nccl import tracer
+from pytest_nccl.rank import tracer
 tracer.install()
 dist.init_process_group("gloo", store=dist.FileStore(tempfile.mktemp(), 1), rank=0, world_size=1)
 t = torch.ones(1)
@@ -157,7 +157,7 @@ def _gloo():
 
 
 def ours_pool(world: int, tests: int) -> dict:
-    from pytest_nccl import protocol
+    from pytest_nccl.core import messages as protocol
     from pytest_nccl.forked.pool import GroupPool
 
     gloo = _gloo()
@@ -169,13 +169,13 @@ def ours_pool(world: int, tests: int) -> dict:
 
         def call(fn, *args, trace=True):
             import pickle
-            c = protocol.Call(0, protocol.KIND_FUNCTION, "collectives", os.path.join(HERE, "collectives.py"), fn,
+            c = protocol.Call(0, protocol.CallKind.FUNCTION, "collectives", os.path.join(HERE, "collectives.py"), fn,
                               pickle.dumps((args, {})), journal_dir=pool.new_call_dir(), trace=trace,
                               sys_path=list(sys.path))
             group = pool.get(world, gloo, 60, time.monotonic() + 60)
             result = group.run(c, 60)
             assert result.all_passed, [v.message for v in result.ranks]
-            return [pickle.loads(result.outcomes[r].value) for r in range(world)]
+            return [pickle.loads(result.reports[r].value) for r in range(world)]
 
         call("trivial")  # the module import in the ranks, once
         t0 = time.perf_counter()

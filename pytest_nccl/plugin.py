@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from . import gate
+from .views import gate
 from .errors import DistributedTestFailure, NcclUsageError, RankSetupError
 from .forked.mode import ForkedMode
-from .report import NcclLongRepr
+from .views.report import NcclLongRepr
 from .session import OUTCOME_KEY, SESSION_KEY, STARTED_KEY, NcclSession
 from .settings import MARKER, add_options, parse_settings
 

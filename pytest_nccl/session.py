@@ -16,13 +16,13 @@ from typing import Protocol
 import pytest
 
 from . import errors
-from .diagnose import Diagnosis
+from .core.diagnosis import Diagnosis
 from .errors import DistributedTestFailure, NcclUsageError
-from .records import CallResult
-from .report import safe_filename, trace_json, write_trace_dir
+from .core.reports import CallResult
+from .views.report import safe_filename, trace_json, write_trace_dir
 from .settings import Budget, Placement, Settings, budget_for, place
-from .swimlane import swimlane_html
-from .timeline import timeline_json
+from .views.swimlane import swimlane_html
+from .views.timeline import timeline_json
 
 
 class Mode(Protocol):

@@ -2,7 +2,6 @@
 torchrun-like environment, skip/xfail, captured output per rank, nccl_world.run."""
 
 import pytest
-
 from conftest import run_inner_once
 
 CONTRACT = """

@@ -4,7 +4,6 @@ headline; the session goes on and the next test gets a healthy group; no process
 import re
 
 import pytest
-
 from conftest import line_of, run_inner_once
 
 FAILURES = """

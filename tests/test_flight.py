@@ -2,8 +2,8 @@
 
 import json
 
-from pytest_nccl.flight import group_name_of, merge, records_from_dump
-from pytest_nccl.records import CollectiveRecord
+from pytest_nccl.core.flight import group_name_of, merge, records_from_dump
+from pytest_nccl.core.records import CollectiveRecord
 
 
 def entry(seq, op="all_reduce", pg="0", sizes=((20,),), created=2_000, retired=True, p2p=False):

@@ -10,7 +10,6 @@ import uuid
 
 import pytest
 import torch
-
 from conftest import assert_no_leftovers, processes_with_tag
 
 GPUS = torch.cuda.device_count()  # NVML: no CUDA initialized in this process

@@ -65,7 +65,7 @@ def test_spawned_ranks_work(rank):
     t = torch.ones(1)
     dist.all_reduce(t)
     assert t.item() == 2
-    assert "pytest_nccl.zygote --rank" in cmdline()
+    assert "pytest_nccl.rank.zygote --rank" in cmdline()
 
 @pytest.mark.nccl(world=2)
 def test_mismatch_still_diagnosed(rank):

@@ -1,17 +1,23 @@
 """The referee's rules, on hand-written journals and a fake clock: no torch, no processes."""
 
 import pytest
+from collective_records import record
 
-from pytest_nccl.diagnose import digests_agree
-from pytest_nccl.referee import stuck_on_mismatch, waits_for_a_finished_rank
-from pytest_nccl.records import CollectiveRecord, RankState, RankView
-from pytest_nccl.referee import TIMING, Reason, Referee, is_clean, verdict
+from pytest_nccl.core.agreement import digests_agree
+from pytest_nccl.core.judge import is_clean, verdict
+from pytest_nccl.core.records import RankView
+from pytest_nccl.core.referee import (
+    TIMING,
+    Referee,
+    stuck_on_mismatch,
+    waits_for_a_finished_rank,
+)
+from pytest_nccl.core.states import RankState, Reason, Source
 
 
 def rec(rank, seq, op="all_reduce", shapes="[4]", state="completed", pg="default", async_op=False,
         source="python"):
-    return CollectiveRecord(rank=rank, pg=pg, seq=seq, op=op, shapes=shapes, dtype="float32", state=state,
-                            site="/w/test_x.py:5", async_op=async_op, source=source)
+    return record(rank, seq, op, shapes, state, pg, async_op=async_op, source=Source(source))
 
 
 class FakeView:
@@ -190,7 +196,7 @@ def test_verdict_always_has_a_diagnosis():
 
 def test_states_print_as_their_values():
     assert f"{RankState.NOT_STARTED}" == "not-started" and str(Reason.TIMEOUT) == "timeout"
-    assert RankState.of_outcome("error") is RankState.FAILED
+    assert RankState.ERROR.judged is RankState.FAILED  # a rank that could not run the call failed
 
 
 def test_an_outcome_that_arrives_during_a_dump_request_reaches_the_referee():
@@ -201,12 +207,13 @@ def test_an_outcome_that_arrives_during_a_dump_request_reaches_the_referee():
     from multiprocessing import Pipe
     from types import SimpleNamespace
 
+    from pytest_nccl.core.messages import Call, CallDone, CallKind
+    from pytest_nccl.core.reports import RankReport
     from pytest_nccl.forked.group import RankGroup, _CallState
-    from pytest_nccl.protocol import Call, Outcome, Status
 
     ours, theirs = Pipe()
-    state = _CallState(Call(7, "test"), 2, 0.0, 0, Referee(2, bound=60, t0=0.0), conns={1: ours})
-    theirs.send(("outcome", Outcome(7, 1, Status.PASSED)))
+    state = _CallState(Call(7, CallKind.TEST), 2, 0.0, 0, Referee(2, bound=60, t0=0.0), conns={1: ours})
+    theirs.send(CallDone(RankReport(1, RankState.PASSED, call_id=7)))
     RankGroup._receive(SimpleNamespace(conns={1: ours}), ours, state)   # as _request_dumps calls it
     assert state.referee.states == {1: RankState.PASSED} and 1 not in state.live
 

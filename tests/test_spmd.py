@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from conftest import assert_no_leftovers, line_of
+
 from pytest_nccl import spmd
 from pytest_nccl.errors import NcclUsageError
+from pytest_nccl.core.messages import Collected
 from pytest_nccl.spmd.collection import collection_difference
 from pytest_nccl.spmd.release import abort_connections
 
@@ -373,9 +374,9 @@ def test_detect_reads_the_launchers_environment():
 
 
 def test_collection_difference_names_the_first_differing_test():
-    same = {"ids": ["a::t1", "a::t2"], "errors": 0}
+    same = Collected(["a::t1", "a::t2"])
     assert collection_difference({0: same, 1: same}, 2, []) is None
-    other = {"ids": ["a::t1", "a::t3"], "errors": 0}
+    other = Collected(["a::t1", "a::t3"])
     message = collection_difference({0: same, 1: same, 2: other}, 3, [])
     assert message.endswith("rank 2 collected 2 tests, rank 0 2; first difference at test #2: rank 0 "
                             "'a::t2', rank 2 'a::t3'")

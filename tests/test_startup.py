@@ -45,7 +45,7 @@ def fork_servers():
         except OSError:
             continue
         tag = ("PYTEST_NCCL_TEST_TAG=" + os.environ["PYTEST_NCCL_TEST_TAG"]).encode()
-        if b"pytest_nccl.zygote" in cmd and tag in env:
+        if b"pytest_nccl.rank.zygote" in cmd and tag in env:
             with open(f"/proc/{pid}/stat") as f:
                 if f.read().rsplit(")", 1)[1].split()[0] != "Z":
                     found.append(pid)

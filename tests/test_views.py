@@ -15,13 +15,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
+from collective_records import record
 from conftest import run_inner_once
-from pytest_nccl import gate
-from pytest_nccl.diagnose import diagnose
-from pytest_nccl.records import CollectiveRecord, RankState, RankView
-from pytest_nccl.swimlane import page_data, swimlane_html
-from pytest_nccl.timeline import timeline_json, trace_events
+
+from pytest_nccl.core.diagnosis import diagnose
+from pytest_nccl.core.records import CollectiveRecord, RankView
+from pytest_nccl.core.states import RankState
+from pytest_nccl.views import gate
+from pytest_nccl.views.swimlane import page_data, swimlane_html
+from pytest_nccl.views.timeline import timeline_json, trace_events
 
 RENDER_BOUND_MS = 2000  # the page must draw 64 ranks x 10,000 collectives within this (docs/views.md)
 
@@ -80,8 +82,8 @@ def check_trace_events(data: dict, world: int) -> list[dict]:
 # -- hand-written calls --------------------------------------------------------------------------------
 
 def rec(rank, seq, op="all_reduce", shapes="[4]", state="completed", t=0.0, dur=0.001, pg="default", **kw):
-    return CollectiveRecord(rank, pg, seq, op, shapes, "torch.float32", site="test_x.py:12 <- test_x.py:30",
-                            state=state, t_start=t, duration=dur if state == "completed" else None, **kw)
+    return record(rank, seq, op, shapes, state, pg, dtype="torch.float32", site="test_x.py:12 <- test_x.py:30",
+                  t=t, duration=dur if state == "completed" else None, **kw)
 
 
 def shape_mismatch_call():

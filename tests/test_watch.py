@@ -20,14 +20,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from collective_records import record
+from conftest import assert_no_leftovers, line_of
 
-from conftest import assert_no_leftovers, line_of, processes_with_tag
-from pytest_nccl.journal import JournalTail
-from pytest_nccl.records import RankState
-from pytest_nccl.referee import TIMING, Reason, Referee
+from pytest_nccl.core.journal import JournalTail
+from pytest_nccl.core.referee import TIMING, Referee
+from pytest_nccl.core.reports import RankReport
+from pytest_nccl.core.states import RankState, Reason
 from pytest_nccl.watch import jobdir, present
 from pytest_nccl.watch.cli import EXIT_DIAGNOSED, EXIT_DIAGNOSED_KEPT, EXIT_USAGE, main
-from pytest_nccl.watch.monitor import KEEP, JournalFile, Monitor
+from pytest_nccl.watch.follow import JournalFile
+from pytest_nccl.watch.monitor import KEEP, Monitor
 
 REPO = Path(__file__).resolve().parents[1]
 JOB_TIMEOUT = 90  # one watched job; longer is itself a hang
@@ -344,9 +347,7 @@ class FakeView:
 
 
 def _rec(rank, seq, state="completed"):
-    from pytest_nccl.records import CollectiveRecord
-    return CollectiveRecord(rank=rank, pg="default", seq=seq, op="all_reduce", shapes="[2]", dtype="float32",
-                            state=state, site="/w/train.py:9")
+    return record(rank, seq, shapes="[2]", state=state, site="/w/train.py:9")
 
 
 def test_rolling_bound_counts_a_stall_not_the_job():
@@ -430,7 +431,7 @@ def test_long_job_keeps_a_window_and_reports_the_ranks_own_numbers(tmp_path):
         assert all(len(f.records) <= 2 * KEEP for f in monitor.ranks.values())
         with open(jobdir.journal(d, 0), "a") as f:
             f.write(_journal_line(n + 1, state_done=False))
-        jobdir.write_json(jobdir.exit_record(d, 1), {"status": "passed"})
+        jobdir.write_text(jobdir.exit_record(d, 1), RankReport(1, RankState.PASSED).to_json())
         reason = None
         for i in range(40, 100):
             reason = monitor.poll(i * 0.01)

@@ -15,16 +15,17 @@ import tempfile
 import time
 from multiprocessing.connection import Connection, wait
 
-from ..diagnose import digests_agree
+from ..core.exits import decode_wait_status, describe_wait_status
+from ..core.flight import merge as merge_flight_recorder
+from ..core.flight import records_from_dump
+from ..core.journal import read_journal
+from ..core.judge import judge, settled
+from ..core.messages import Call, CallDone, Dump, DumpRequest, Hello, Joined, RankSpec, RunCall, SetupFailed
+from ..core.referee import TIMING, Referee
+from ..core.reports import CallResult, RankReport
+from ..core.states import RankState, Reason
 from ..errors import RankSetupError
-from ..flight import merge as merge_flight_recorder
-from ..flight import records_from_dump
-from ..journal import read_journal
-from ..protocol import Call, Outcome
-from ..records import CallResult, RankState, RankView
-from ..referee import TIMING, Reason, Referee
-from .zygote_client import Zygote, describe_wait_status, signal_name
-
+from .zygote_client import Zygote
 
 def _journal_path(call: Call, rank: int) -> str:
     return os.path.join(call.journal_dir, f"journal-{rank}.txt")
@@ -38,8 +39,8 @@ class _CallState:
         self.call, self.t0, self.since_ns = call, t0, since_ns
         self.referee = referee
         self.conns = conns            # the group's connections: a rank's is dropped when it dies
-        self.views = {r: RankView(r) for r in range(world)}
-        self.outcomes: dict[int, Outcome] = {}
+        self.reports: dict[int, RankReport] = {}   # ranks that finished (or died)
+        self.stacks: dict[int, str] = {}           # ranks still running, once asked
         self.fr_json: dict[int, str] = {}
         self.fr_pickle: dict[int, bytes] = {}
         self.pending_dumps: set = set()
@@ -91,12 +92,12 @@ class RankGroup:
         naming the ranks that did not join, and why, at the deadline at the latest."""
         master_port = _free_loopback_port()
         for rank in range(self.world):
-            spec = {"rank": rank, "local_rank": rank, "world": self.world, "local_world": self.world,
-                    "backend": self.backend, "pg_timeout": self.timeout + TIMING.pg_timeout_margin,
-                    "store_path": os.path.join(self.dir, "store"), "control_path": self.control_path,
-                    "output_path": self.output_path(rank), "stack_path": self.stack_path(rank),
-                    "master_addr": "127.0.0.1", "master_port": master_port, "env": self.rank_env,
-                    "run_id": f"pytest-nccl-{os.getpid()}-{self.gid}"}
+            spec = RankSpec(rank, rank, self.world, self.world, self.backend,
+                            pg_timeout=self.timeout + TIMING.pg_timeout_margin,
+                            store_path=os.path.join(self.dir, "store"), control_path=self.control_path,
+                            output_path=self.output_path(rank), stack_path=self.stack_path(rank),
+                            master_addr="127.0.0.1", master_port=master_port, env=self.rank_env,
+                            run_id=f"pytest-nccl-{os.getpid()}-{self.gid}")
             self.pids[rank] = self.zygote.fork(spec)
         pending_socks: list[socket.socket] = []
         hello: dict = {}
@@ -117,13 +118,13 @@ class RankGroup:
                     except (EOFError, OSError):
                         hello.pop(ready, None)
                         continue
-                    if msg[0] == "hello":
-                        hello[ready] = msg[1]
-                        self.conns[msg[1]] = ready
-                    elif msg[0] == "joined":
-                        self.joined.add(msg[1])
-                    elif msg[0] == "setup-error":
-                        self.setup_errors[msg[1]] = msg[2]
+                    if isinstance(msg, Hello):
+                        hello[ready] = msg.rank
+                        self.conns[msg.rank] = ready
+                    elif isinstance(msg, Joined):
+                        self.joined.add(msg.rank)
+                    elif isinstance(msg, SetupFailed):
+                        self.setup_errors[msg.rank] = msg.error
             if self._dead_ranks() - self.joined:
                 # a rank died before joining: the others will wait for it until the bound
                 time.sleep(0.05)
@@ -163,11 +164,12 @@ class RankGroup:
         offsets = {r: _size(self.output_path(r)) for r in range(self.world)}
         for conn in self.conns.values():
             try:
-                conn.send(("call", call))
+                conn.send(RunCall(call))
             except OSError:
                 pass
         for rank in range(self.world):
             if rank not in self.conns:
+                state.reports[rank] = RankReport(rank, RankState.DEAD, finished_at=0.0)
                 referee.finished(rank, RankState.DEAD, t0)
         while True:
             reason = referee.step(time.monotonic(), view)
@@ -182,39 +184,30 @@ class RankGroup:
                     self._receive(obj, state)
         if reason == Reason.DECIDED and referee.settle:
             self._settle(state)
+        reports = state.reports
         if state.live:
             # stacks of the ranks still running; Flight Recorder of every rank that can answer
             state.fr_json.clear()
-            for rank in state.live:
-                state.views[rank].status = RankState.RUNNING
             self._request_dumps(state, list(self.conns), TIMING.stacks_wait, want_stacks=True)
             self._faulthandler_stacks(state)
+            for rank in state.live:
+                reports[rank] = RankReport(rank, RankState.RUNNING, stack=state.stacks.get(rank, ""))
             self.healthy = False
-        views, outcomes = state.views, state.outcomes
-        result = CallResult(ranks=[views[r] for r in range(self.world)], reason=reason,
-                            outcomes=outcomes, elapsed=time.monotonic() - state.t0, bound=bound)
-        if reason != "completed" or any(v.status != RankState.PASSED for v in result.ranks):
+        if reason != Reason.COMPLETED or any(rep.state != RankState.PASSED for rep in reports.values()):
             self.healthy = False
-        for rank, view in views.items():
-            out = outcomes.get(rank)
-            if out is not None:
-                view.exc_type, view.exc_text, view.message = out.exc_type, out.exc_text, out.message
-                if not out.initialized or out.dangling:
-                    # the test destroyed the default group, or left collectives in flight that
-                    # would pair with the next test's: start afresh next time
-                    self.healthy = False
+        if any(not rep.initialized or rep.dangling for rep in reports.values()):
+            # the test destroyed the default group, or left collectives in flight that would pair
+            # with the next test's: start afresh next time
+            self.healthy = False
         if not self.healthy:
             self.kill()
-        for rank, view in views.items():
+        for rank, rep in reports.items():
             if _size(self.output_path(rank)) > offsets[rank]:
-                view.output = _read_from(self.output_path(rank), offsets[rank])
-        result.digests_agree = digests_agree({r: o.digest for r, o in outcomes.items()}, self.world)
-        clean = reason == Reason.COMPLETED and result.all_passed and result.digests_agree
-        if call.trace and not clean:
-            fr = state.fr_json if len(state.fr_json) == self.world else None
-            for rank, records in self._journals(call, fr, state.since_ns).items():
-                views[rank].records = records
-        self._fill_exit_statuses(views)
+                rep.output = _read_from(self.output_path(rank), offsets[rank])
+        self._fill_exit_statuses(reports)
+        fr = state.fr_json if len(state.fr_json) == self.world else None
+        result = judge(reports, self.world, reason, bound, lambda: self._journals(call, fr, state.since_ns),
+                       elapsed=time.monotonic() - state.t0, trace=call.trace)
         result.fr_json, result.fr_pickle = dict(state.fr_json), dict(state.fr_pickle)
         return result
 
@@ -223,8 +216,7 @@ class RankGroup:
         so the report says "ranks 1,2 left the test" rather than catching one of them mid-return."""
         deadline = time.monotonic() + TIMING.settle
         while state.live and time.monotonic() < deadline:
-            journals = self._journals(state.call)
-            if all(RankView(r, records=journals[r]).current is not None for r in state.live):
+            if settled(self._journals(state.call), state.live):
                 return  # everyone still running waits in a collective: nothing more will come
             timeout = max(0.0, min(TIMING.poll, deadline - time.monotonic()))
             for obj in wait(list(state.live.values()), timeout=timeout):
@@ -239,26 +231,21 @@ class RankGroup:
             msg = conn.recv()
         except (EOFError, OSError):
             self.conns.pop(rank, None)
-            state.views[rank].status = RankState.DEAD
-            state.views[rank].finished_at = time.monotonic() - state.t0
+            state.reports[rank] = RankReport(rank, RankState.DEAD, finished_at=time.monotonic() - state.t0)
             referee.finished(rank, RankState.DEAD, time.monotonic())
             return
-        if msg[0] == "outcome" and msg[1].call_id == state.call.call_id:
-            out = msg[1]
-            state.outcomes[rank] = out
-            state.views[rank].status = RankState.of_outcome(out.status)
-            state.views[rank].finished_at = time.monotonic() - state.t0
-            referee.finished(rank, state.views[rank].status, time.monotonic())
-            return
-        if msg[0] == "dump":
+        if isinstance(msg, CallDone) and msg.report.call_id == state.call.call_id:
+            report = state.reports[rank] = msg.report
+            report.finished_at = time.monotonic() - state.t0
+            referee.finished(rank, report.state.judged, time.monotonic())
+        elif isinstance(msg, Dump):
             state.pending_dumps.discard(rank)
             if state.want_stacks and rank in state.live:
-                state.views[rank].stack = msg[2]
-            if msg[3]:
-                state.fr_json[rank] = msg[3]
-            if len(msg) > 4 and msg[4]:
-                state.fr_pickle[rank] = msg[4]
-        return False
+                state.stacks[rank] = msg.stacks
+            if msg.fr_json:
+                state.fr_json[rank] = msg.fr_json
+            if msg.fr_pickle:
+                state.fr_pickle[rank] = msg.fr_pickle
 
     def _request_dumps(self, state: "_CallState", ranks: list, timeout: float, want_stacks=False) -> None:
         """Ask ranks for stacks and Flight Recorder: their reader thread answers while the main
@@ -270,7 +257,7 @@ class RankGroup:
             if conn is None:
                 continue
             try:
-                conn.send(("dump",))
+                conn.send(DumpRequest())
                 state.pending_dumps.add(rank)
             except OSError:
                 pass
@@ -286,7 +273,7 @@ class RankGroup:
     def _faulthandler_stacks(self, state: "_CallState") -> None:
         """Where a running rank could not answer (the GIL held in C code), faulthandler writes its
         stacks on SIGUSR1."""
-        silent = [r for r in state.live if not state.views[r].stack]
+        silent = [r for r in state.live if not state.stacks.get(r)]
         for rank in silent:
             pid = self.pids.get(rank)
             if pid:
@@ -297,7 +284,7 @@ class RankGroup:
         if silent:
             time.sleep(0.2)
             for rank in silent:
-                state.views[rank].stack = _read_from(self.stack_path(rank), 0)[-6000:]
+                state.stacks[rank] = _read_from(self.stack_path(rank), 0)[-6000:]
 
     def _journals(self, call: Call, fr_json: dict | None = None, since_ns: int = 0) -> dict:
         journals = {r: read_journal(_journal_path(call, r), r) for r in range(self.world)}
@@ -306,8 +293,8 @@ class RankGroup:
             journals = merge_flight_recorder(journals, dumps)
         return journals
 
-    def _fill_exit_statuses(self, views: dict) -> None:
-        dead = [r for r, v in views.items() if v.status == RankState.DEAD]
+    def _fill_exit_statuses(self, reports: dict) -> None:
+        dead = [r for r, rep in reports.items() if rep.state == RankState.DEAD]
         deadline = time.monotonic() + 1.0
         while dead and time.monotonic() < deadline:
             self.zygote.drain()
@@ -316,12 +303,8 @@ class RankGroup:
             time.sleep(0.01)
         for r in dead:
             status = self.zygote.exits.get(self.pids.get(r, -1))
-            if status is None:
-                continue
-            if os.WIFSIGNALED(status):
-                views[r].signal_name = signal_name(os.WTERMSIG(status))
-            elif os.WIFEXITED(status):
-                views[r].exit_code = os.WEXITSTATUS(status)
+            if status is not None:
+                reports[r].exit_code, reports[r].signal_name = decode_wait_status(status)
 
     def health_check(self) -> bool:
         """Reuse only a group whose last call passed everywhere (run() clears ``healthy``

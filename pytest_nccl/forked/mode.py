@@ -12,13 +12,13 @@ import warnings
 
 import pytest
 
-from .. import protocol
+from ..core.messages import Call, CallKind, RankStart
+from ..core.reports import CallResult
+from ..core.states import RankState
 from ..errors import NcclUsageError, RankSetupError
-from ..records import CallResult, RankState
-from ..referee import Reason, is_clean, verdict
-from ..report import format_report
 from ..session import NcclSession, exception_class, item_budget, item_outcome, record_failure, write_trace
 from ..settings import Budget, Placement, parse_marker
+from ..views.report import format_report
 from .gpus import GpuLeaser
 from .pool import GroupPool
 
@@ -86,8 +86,8 @@ class ForkedMode:
         module = item.module
         cls = item.cls
         qualname = f"{cls.__name__}.{item.originalname}" if cls is not None else item.originalname
-        call = protocol.Call(0, protocol.KIND_TEST, module.__name__, getattr(module, "__file__", "") or "",
-                             qualname, pickle.dumps(((), kwargs)), nodeid=item.nodeid, rank_args=rank_args)
+        call = Call(0, CallKind.TEST, module.__name__, getattr(module, "__file__", "") or "",
+                    qualname, pickle.dumps(((), kwargs)), nodeid=item.nodeid, rank_args=rank_args)
         try:
             self.execute(call, world, placement, budget, item)
         except (RankSetupError, NcclUsageError) as exc:
@@ -113,7 +113,7 @@ class ForkedMode:
                                   rank_start=s.settings.rank_start)
         return self.pool
 
-    def execute(self, call: protocol.Call, world: int, placement: Placement, budget: Budget,
+    def execute(self, call: Call, world: int, placement: Placement, budget: Budget,
                 item=None) -> CallResult:
         """Run one call on a group of ``world`` ranks; raise the right DistributedTestFailure on any
         failure, ``pytest.skip`` / ``pytest.xfail`` when every rank did."""
@@ -140,7 +140,8 @@ class ForkedMode:
         __tracebackhide__ = True
         if item is not None:
             item_outcome(item).result = result
-        if is_clean(result.ranks, result.reason, None) and result.digests_agree:
+        diag = result.diagnosis
+        if diag is None:
             states = {v.status for v in result.ranks}
             if states == {RankState.SKIPPED}:
                 # reported at the test's own location, not at this line
@@ -152,7 +153,6 @@ class ForkedMode:
         usage = _same_error_everywhere(result, world)
         if usage is not None:
             raise usage
-        diag = verdict(result.ranks, Reason(result.reason), result.bound)
         report = format_report(result.ranks, diag, result.elapsed, result.bound, backend)
         exc_class = exception_class(diag.exception_name)
         if item is not None:
@@ -163,7 +163,7 @@ class ForkedMode:
 
     def _warn_once_about_spawn(self, pool: GroupPool) -> None:
         culprit = pool.zygote.cuda_initialized_by if pool.zygote is not None else None
-        if culprit is None or self.warned_spawn or self.session.settings.rank_start != "auto":
+        if culprit is None or self.warned_spawn or self.session.settings.rank_start != RankStart.AUTO:
             return
         self.warned_spawn = True
         cost = f" (this group: {pool.spawned_group_starts[-1]:.1f} s)" if pool.spawned_group_starts else ""
@@ -195,9 +195,9 @@ class NcclWorld:
         except Exception as exc:
             raise NcclUsageError(f"the arguments of nccl_world.run({qualname}) cannot be pickled: "
                                  f"{type(exc).__name__}: {exc}") from None
-        call = protocol.Call(0, protocol.KIND_FUNCTION, module, path, qualname, payload, nodeid=self._nodeid)
+        call = Call(0, CallKind.FUNCTION, module, path, qualname, payload, nodeid=self._nodeid)
         result = self._mode.execute(call, self.size, self._placement, self._budget)
-        return [pickle.loads(result.outcomes[r].value) for r in range(self.size)]
+        return [pickle.loads(result.reports[r].value) for r in range(self.size)]
 
 
 def function_reference(fn) -> tuple[str, str, str]:
@@ -224,8 +224,8 @@ def _same_error_everywhere(result: CallResult, world: int) -> NcclUsageError | N
     loaded, the result cannot be pickled): a usage error, not a distributed failure."""
     messages, unloadable = set(), set()
     for rank in range(world):
-        out = result.outcomes.get(rank)
-        if out is None or out.status != protocol.Status.ERROR:
+        out = result.reports.get(rank)
+        if out is None or out.state != RankState.ERROR:
             return None
         messages.add(out.message.replace(f" in rank {rank}", " in the ranks").replace(f"rank {rank} ", "each rank "))
         unloadable.add(out.unloadable)

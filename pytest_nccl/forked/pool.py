@@ -9,6 +9,7 @@ import time
 
 from ..errors import RankSetupError
 from .group import RankGroup
+from ..core.messages import RankStart
 from .zygote_client import Zygote
 
 class GroupPool:
@@ -91,7 +92,7 @@ class GroupPool:
         except BaseException:
             self.release()
             raise
-        if zygote.start_mode == "spawn":
+        if zygote.start_mode == RankStart.SPAWN:
             self.spawned_group_starts.append(time.monotonic() - started)
         return self.group
 

@@ -1,41 +1,27 @@
-"""Client of the fork server (``pytest_nccl/zygote.py``): start it, ask it to import test modules and
+"""Client of the fork server (``pytest_nccl/rank/zygote.py``): start it, ask it to import test modules and
 to fork (or spawn) ranks, take in the exit statuses it reports (ranks are its children, not ours).
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
 import time
 from multiprocessing.connection import Connection
 
+from ..core.messages import (Exited, Forked, ForkRank, Imported, ImportModules, RankSpec, RankStart, Ready,
+                             ZygoteConfig, ZygoteInfo)
 from ..errors import RankSetupError
 
 ZYGOTE_START_TIMEOUT = 300.0  # importing torch and every test module (trl: 6-7 s) on a loaded host
 
 
-def signal_name(num: int) -> str:
-    try:
-        return signal.Signals(num).name
-    except ValueError:
-        return f"signal {num}"
-
-
-def describe_wait_status(status: int) -> str:
-    if status < 0:
-        return "exited"
-    if os.WIFSIGNALED(status):
-        return f"killed by {signal_name(os.WTERMSIG(status))}"
-    return f"exited with code {os.WEXITSTATUS(status)}"
-
-
 class Zygote:
     """Client of the fork server (``zygote.py``)."""
 
-    def __init__(self, workdir: str, preload: list, env: dict, trace: bool, rank_start: str = "auto"):
+    def __init__(self, workdir: str, preload: list, env: dict, trace: bool, rank_start: RankStart = RankStart.AUTO):
         self.workdir = workdir
         self.exits: dict[int, int] = {}  # pid -> raw wait status, as the zygote reports them
         self.imported: set = {name for name, _ in preload}
@@ -43,29 +29,28 @@ class Zygote:
         self.log_path = os.path.join(workdir, "zygote.log")
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pytest_nccl.zygote", str(child_sock.fileno()), str(os.getpid())],
+            [sys.executable, "-m", "pytest_nccl.rank.zygote", str(child_sock.fileno()), str(os.getpid())],
             pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             env=os.environ.copy())
         log.close()
         child_sock.close()
         self.conn = Connection(parent_sock.detach())
-        self.conn.send({"sys_path": list(sys.path), "env": env, "trace": trace,
-                        "preload": list(preload), "rank_start": rank_start})
-        self.info = None  # set by ready(): the fork server imports torch meanwhile
+        self.conn.send(ZygoteConfig(list(sys.path), env, trace, list(preload), RankStart(rank_start)))
+        self.info: ZygoteInfo | None = None  # set by ready(): the fork server imports torch meanwhile
         self.cuda_initialized_by: str | None = None  # the module that made forked ranks unusable
         self.pending_imports = 0                      # import requests not answered yet
-        self.start_mode = "fork"
+        self.start_mode = RankStart.FORK
 
     def ready(self) -> "Zygote":
         """Wait until the fork server has imported torch and the preloaded modules."""
         if self.info is None:
-            self.info = self._reply("ready", ZYGOTE_START_TIMEOUT)[1]
+            self.info = self._reply(Ready, ZYGOTE_START_TIMEOUT).info
             self._note(self.info)
         return self
 
-    def _note(self, info: dict) -> None:
-        self.cuda_initialized_by = info.get("cuda_initialized_by") or self.cuda_initialized_by
-        self.start_mode = info.get("start", self.start_mode)
+    def _note(self, info: ZygoteInfo) -> None:
+        self.cuda_initialized_by = info.cuda_initialized_by or self.cuda_initialized_by
+        self.start_mode = info.start
 
     def _log_tail(self) -> str:
         try:
@@ -74,21 +59,22 @@ class Zygote:
         except OSError:
             return ""
 
-    def _reply(self, kind: str, timeout: float):
+    def _reply(self, answer: type, timeout: float):
+        """The next message of class ``answer``; exit reports that come first are taken in."""
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not self.conn.poll(left):
-                raise RankSetupError(f"the fork server did not answer '{kind}' within {timeout:.0f} s"
+                raise RankSetupError(f"the fork server did not answer '{answer.__name__}' within {timeout:.0f} s"
                                      f"\n{self._log_tail()}")
             try:
                 msg = self.conn.recv()
             except (EOFError, OSError):
                 raise RankSetupError(f"the fork server exited (code {self.proc.poll()}):\n"
                                      f"{self._log_tail()}") from None
-            if msg[0] == "exited":
-                self.exits[msg[1]] = msg[2]
-            elif msg[0] == kind:
+            if isinstance(msg, Exited):
+                self.exits[msg.pid] = msg.status
+            elif isinstance(msg, answer):
                 return msg
 
     def drain(self) -> None:
@@ -96,8 +82,8 @@ class Zygote:
         try:
             while self.conn.poll(0):
                 msg = self.conn.recv()
-                if msg[0] == "exited":
-                    self.exits[msg[1]] = msg[2]
+                if isinstance(msg, Exited):
+                    self.exits[msg.pid] = msg.status
         except (EOFError, OSError):
             pass
 
@@ -108,7 +94,7 @@ class Zygote:
         todo = [(n, p) for n, p in modules if n not in self.imported]
         if not todo:
             return []
-        self.conn.send(("import", todo, list(sys.path), environ))
+        self.conn.send(ImportModules(todo, list(sys.path), environ))
         self.imported.update(n for n, _ in todo)
         self.pending_imports += 1
         return self.settle_imports() if wait else []
@@ -117,16 +103,16 @@ class Zygote:
         """Wait for the answers to imports asked without waiting; their failures."""
         failures = []
         while self.pending_imports:
-            info = self._reply("imported", ZYGOTE_START_TIMEOUT)[1]
+            info = self._reply(Imported, ZYGOTE_START_TIMEOUT).info
             self.pending_imports -= 1
             self._note(info)
-            failures += info["failures"]
+            failures += info.failures
         return failures
 
-    def fork(self, spec: dict) -> int:
+    def fork(self, spec: RankSpec) -> int:
         self.settle_imports()
-        self.conn.send(("fork", spec))
-        return self._reply("forked", 30)[1]
+        self.conn.send(ForkRank(spec))
+        return self._reply(Forked, 30).pid
 
     def close(self) -> None:
         try:

@@ -6,7 +6,8 @@ from .store import COLLECT_WAIT
 
 
 def collection_difference(lists: dict, world: int, gone: list) -> str | None:
-    """One message naming the ranks and the first differing test, or None when they all agree."""
+    """One message naming the ranks and the first differing test, or None when they all agree.
+    ``lists``: rank -> its ``messages.Collected``."""
     head = "pytest-nccl SPMD mode: every rank must collect the same tests in the same order"
     if gone:
         return f"{head}; {'ranks' if len(gone) > 1 else 'rank'} {','.join(map(str, gone))} ended before collecting"
@@ -14,10 +15,10 @@ def collection_difference(lists: dict, world: int, gone: list) -> str | None:
     if missing:
         return (f"{head}; {'ranks' if len(missing) > 1 else 'rank'} {','.join(map(str, missing))} did not finish "
                 f"collecting within {COLLECT_WAIT:g} s")
-    ref = lists[0]["ids"]
+    ref = lists[0].ids
     parts = []
     for r in range(1, world):
-        ids = lists[r]["ids"]
+        ids = lists[r].ids
         if ids == ref:
             continue
         i = next((i for i, (a, b) in enumerate(zip(ref, ids)) if a != b), min(len(ref), len(ids)))
@@ -25,7 +26,7 @@ def collection_difference(lists: dict, world: int, gone: list) -> str | None:
         theirs = ids[i] if i < len(ids) else "(nothing)"
         parts.append(f"rank {r} collected {len(ids)} tests, rank 0 {len(ref)}; first difference at test "
                      f"#{i + 1}: rank 0 {mine!r}, rank {r} {theirs!r}")
-    errors_by_rank = {r: lists[r].get("errors", 0) for r in range(world) if lists[r].get("errors", 0)}
+    errors_by_rank = {r: lists[r].errors for r in range(world) if lists[r].errors}
     if parts:
         extra = ""
         if errors_by_rank:

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from ..errors import RankSetupError
-from ..referee import TIMING
+from ..core.referee import TIMING
 from .release import abort_connections
 from .store import BYE, COLLECT_WAIT, DONE, FINISH_WAIT, GROUP_WAIT_MIN, LEFT, VERDICT_MARGIN, poll, safe_set
 
@@ -140,10 +140,7 @@ class LaunchedGroup:
         self.say(f"could not be released from {run.nodeid} within {TIMING.release_wait:g} s after its bound; "
                  "this rank leaves once rank 0 has written its report")
         store = self.wstore
-        session = run.sp
-        session.finishing = True
-        session.done_published = True
-        safe_set(store, DONE.format(self.rank), json.dumps(session.failed_here))
+        run.leaving()  # the session's end, published now: this rank will not get there
         poll(lambda: store.check([BYE]) or run.finished.is_set(), time.monotonic() + FINISH_WAIT + VERDICT_MARGIN)
         if run.finished.is_set():
             return  # the main thread came back after all

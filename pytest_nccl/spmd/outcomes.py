@@ -1,10 +1,11 @@
-"""How a marked test ended on this launched rank, as the outcome it publishes for rank 0: from the
+"""How a marked test ended on this launched rank, as the report it publishes for rank 0: from the
 body (classified as a forked rank classifies it), or from a set-up that failed or skipped."""
 
 from __future__ import annotations
 
-from ..protocol import Status
-from ..stacks import describe_exception, exit_like_os_exit, format_exception
+from ..core.reports import RankReport
+from ..core.states import RankState
+from ..rank.stacks import describe_exception, exit_like_os_exit, format_exception
 
 
 def format_body_exception(exc: BaseException) -> str:
@@ -12,11 +13,11 @@ def format_body_exception(exc: BaseException) -> str:
     return format_exception(exc, cut_to_user=True)
 
 
-def body_outcome(item, config, user_code) -> tuple[dict, BaseException | None]:
+def body_outcome(item, config, user_code, rank: int) -> tuple[RankReport, BaseException | None]:
     """Run the test function here, inside ``user_code`` (a context manager: where the bound may
-    interrupt it); (outcome, the exception it raised, an interrupt included)."""
+    interrupt it); (this rank's report, the exception it raised, an interrupt included)."""
     kwargs = {arg: item.funcargs[arg] for arg in item._fixtureinfo.argnames}
-    status, exc_type, exc_text, message = Status.PASSED, "", "", ""
+    status, exc_type, exc_text, message = RankState.PASSED, "", "", ""
     error = None
     try:
         with user_code:
@@ -26,9 +27,9 @@ def body_outcome(item, config, user_code) -> tuple[dict, BaseException | None]:
     except BaseException as exc:
         error = exc
         status, exc_type, exc_text, message = describe_exception(exc, format_body_exception)
-    outcome = {"status": status, "exc_type": exc_type, "exc_text": exc_text, "message": message,
-               "output": captured_output(config)}
-    return outcome, error
+    report = RankReport(rank, status, exc_type=exc_type, exc_text=exc_text, message=message,
+                        output=captured_output(config))
+    return report, error
 
 
 def captured_output(config) -> str:
@@ -45,14 +46,14 @@ def captured_output(config) -> str:
         return ""
 
 
-def setup_outcome(item, rep, call=None) -> dict:
-    """The outcome of a rank whose set-up failed or skipped (or whose body was never called)."""
-    status, exc_type, exc_text, message = Status.FAILED, "", "", ""
+def setup_outcome(item, rep, rank: int, call=None) -> RankReport:
+    """The report of a rank whose set-up failed or skipped (or whose body was never called)."""
+    status, exc_type, exc_text, message = RankState.FAILED, "", "", ""
     if rep.skipped:
         if hasattr(rep, "wasxfail"):
-            status, message = Status.XFAILED, str(rep.wasxfail)
+            status, message = RankState.XFAILED, str(rep.wasxfail)
         else:
-            status = Status.SKIPPED
+            status = RankState.SKIPPED
             message = str(rep.longrepr[2]) if isinstance(rep.longrepr, tuple) else str(rep.longrepr or "")
             message = message.removeprefix("Skipped: ")
     else:
@@ -66,4 +67,4 @@ def setup_outcome(item, rep, call=None) -> dict:
         else:
             message = f"failed{where}"
     output = "".join(content for when, _, content in getattr(item, "_report_sections", []) if when == rep.when)
-    return {"status": status, "exc_type": exc_type, "exc_text": exc_text, "message": message, "output": output}
+    return RankReport(rank, status, exc_type=exc_type, exc_text=exc_text, message=message, output=output)

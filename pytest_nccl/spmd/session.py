@@ -1,5 +1,7 @@
-"""The SPMD session on this rank: the pytest hooks of a launched pytest process, the per-test protocol
-(begin, run the body, publish the outcome, take rank 0's verdict), quiet ranks, signals.
+"""The SPMD session on this rank: the pytest hooks of a launched pytest process and the per-test
+protocol (begin, run the body, publish this rank's report, take rank 0's verdict). Quiet ranks
+(``quiet``), signals (``signals``), the verdict applied (``verdicts``) and rank 0's decider
+(``decider``) live apart.
 
 See ``spmd/__init__.py`` for the whole picture. Registered as a plugin object named ``nccl-spmd``.
 """
@@ -7,35 +9,29 @@ See ``spmd/__init__.py`` for the whole picture. Registered as a plugin object na
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import os
-import pickle
-import signal
 import sys
-import threading
 import time
 
 import pytest
 
-from ..diagnose import Diagnosis
+from ..core.agreement import Digest
+from ..core.messages import Collected, Verdict
+from ..core.reports import RankReport
 from ..errors import NcclUsageError, RankSetupError
-from ..records import RankState, Verdict
-from ..report import NcclLongRepr
-from ..session import exception_class, item_budget, item_outcome, record_failure
+from ..session import item_budget
 from ..settings import parse_marker, place
 from .collection import collection_difference
-from .group import INTERRUPT_SIGNAL, LaunchedGroup
+from .group import LaunchedGroup
 from .launch import Launch
-from .store import COLLECT, COLLECT_WAIT, DONE, FINISH_WAIT, poll
 from .outcomes import body_outcome, setup_outcome
+from .quiet import silence
+from .signals import BoundReached, RankSignals
+from .store import COLLECT, COLLECT_WAIT, DONE, FINISH_WAIT, poll, safe_set
 from .testrun import TestRun, read_fd
-
-
-class BoundReached(BaseException):
-    """Raised in a rank's main thread when the test's bound was reached and the rank is still in
-    the body outside any collective (a BaseException: ``except Exception`` in the test keeps it)."""
+from .verdicts import apply_verdict, setup_failure_report
 
 
 def bound_of(item, nccl) -> float:
@@ -70,95 +66,17 @@ class SpmdSession:
         self.counts: dict[str, int] = {}
         self.collected = False
         self.done_published = False
-        self.finishing = False                 # the session is over here: SIGTERM is ignored
-        self.sigterm_seen = False
+        self.signals = RankSignals(self)
         self.failed_here: list[str] = []       # unmarked tests that failed on this rank
         self.elsewhere: dict[str, list[int]] = {}  # rank 0: nodeid -> ranks where only they failed
         self.debug_on = os.environ.get("PYTEST_NCCL_DEBUG", "") not in ("", "0")
         self._err_fd = os.dup(2)               # the real stderr, also while pytest captures
         if nccl.settings.trace:
-            from .. import tracer
+            from ..rank import tracer
             tracer.install()  # before the test modules bind the collectives
         if self.rank != 0:
-            self._quiet()
-        self._install_signal()
-
-    def _quiet(self) -> None:
-        """Ranks other than 0 show nothing: rank 0 reports for every rank. No terminal reporter (the
-        name is blocked before pytest registers it), JUnit XML, gate report or trace dir."""
-        config = self.config
-        config.pluginmanager.set_blocked("terminalreporter")
-        reporter = config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:  # registered already (another plugin order)
-            config.pluginmanager.unregister(reporter)
-            config.pluginmanager.set_blocked("terminalreporter")
-        for name in ("xmlpath", "nccl_report"):
-            if hasattr(config.option, name):
-                setattr(config.option, name, None)
-        self.nccl.settings = dataclasses.replace(self.nccl.settings, trace_dir=None, report=None)
-        try:
-            from _pytest.junitxml import xml_key
-            xml = config.stash.get(xml_key, None)
-            if xml is not None:
-                del config.stash[xml_key]
-                config.pluginmanager.unregister(xml)
-        except Exception:
-            pass
-
-    def _install_signal(self) -> None:
-        try:
-            self._previous_sigterm = signal.getsignal(signal.SIGTERM)
-            signal.signal(signal.SIGTERM, self._on_sigterm)
-            signal.signal(INTERRUPT_SIGNAL, self._on_interrupt)
-        except ValueError:  # not the main thread
-            pass
-
-    def _on_sigterm(self, signum, frame):
-        """The launcher stops every rank when one exits with an error (or died): say in one line
-        which test this rank was in, then go. Once the session is over here, ignore it: this rank
-        leaves on its own, with its own exit code."""
-        self.sigterm_seen = True
-        if self.finishing:
-            return
-        run = self.run
-        if run is not None:
-            where = f"during {run.nodeid}"
-            try:
-                left = [r for r in range(self.world) if not self.group.store.check([run.keys.outcome(r)])]
-                where += (" (another rank's process ended, or the job was cancelled); ranks that had not "
-                          f"finished it: {','.join(map(str, left)) or 'none'}")
-            except Exception:
-                where += " (another rank's process ended, or the job was cancelled)"
-        elif self.last_nodeid is not None:
-            where = f"after {self.last_nodeid}"
-        else:
-            where = "before its first distributed test"
-        try:
-            capman = self.config.pluginmanager.get_plugin("capturemanager")
-            if capman is not None:
-                capman.suspend_global_capture(in_=True)
-        except Exception:
-            pass
-        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        self.say(f"the launcher stopped this rank (SIGTERM) {where}")
-        os._exit(128 + signum)
-
-    def _on_interrupt(self, signum, frame):
-        """INTERRUPT_SIGNAL: the bound was reached and the decider aborted the test. Raise in the main
-        thread only while a fixture or the body runs (elsewhere pytest would see an INTERNALERROR)."""
-        run = self.run
-        if run is None or not run.interrupt or run.user_depth <= 0 or not run.running:
-            return
-        if threading.current_thread() is not threading.main_thread():
-            return
-        run.interrupt = False  # once: the test may go on to clean up
-        run.bound_reached = True
-        raise BoundReached(f"pytest-nccl: the test's {run.bound:g} s bound was reached on rank {self.rank} "
-                           "(it was interrupted outside any collective)")
+            silence(config, nccl)
+        self.signals.install()
 
     @contextlib.contextmanager
     def _user_code(self, run: TestRun):
@@ -242,7 +160,7 @@ class SpmdSession:
         if store is None:
             return
         ids = [item.nodeid for item in session.items]
-        self.group.set(COLLECT.format(self.rank), json.dumps({"ids": ids, "errors": session.testsfailed}))
+        self.group.set(COLLECT.format(self.rank), Collected(ids, session.testsfailed).to_json())
         self.collected = True
         lists: dict[int, dict] = {}
         gone: list[int] = []
@@ -251,11 +169,11 @@ class SpmdSession:
         def everyone_collected() -> bool:
             for r in sorted(waiting):
                 if store.check([COLLECT.format(r)]):
-                    data = json.loads(store.get(COLLECT.format(r)))
-                    if data.get("gone"):
+                    collected = Collected.from_json(store.get(COLLECT.format(r)))
+                    if collected.gone:
                         gone.append(r)
                     else:
-                        lists[r] = data
+                        lists[r] = collected
                     waiting.discard(r)
             return not waiting
 
@@ -305,27 +223,6 @@ class SpmdSession:
                 self._join_without_body(item, rep, call)
         return rep
 
-    def _setup_failure_report(self, item, rep, decided: Verdict) -> None:
-        """The report of a rank that did not run the body, from the verdict: rank 0's carries the
-        combined report, the others' stays quiet."""
-        if not decided.failed:
-            return
-        if decided.stop:
-            item.session.shouldstop = decided.stop
-        rep.outcome = "failed"
-        run = self.last_run
-        if self.rank != 0 or run is None or run.result is None or run.result[1] is None:
-            rep.longrepr = decided.headline if self.rank != 0 else f"pytest-nccl: {decided.headline}"
-            return
-        result, diag, report = run.result
-        before = len(item.user_properties)
-        self._record_failure(item, result, diag, decided)
-        rep.user_properties.extend(item.user_properties[before:])
-        rep.longrepr = NcclLongRepr(diag.headline, report, str(item.path), (item.location[1] or 0) + 1)
-        for view in result.ranks:
-            if view.output.strip():
-                rep.sections.append((f"Captured output rank {view.rank}", view.output))
-
     def pytest_runtest_logreport(self, report) -> None:
         if report.failed and "nccl" not in report.keywords and report.nodeid not in self.failed_here:
             self.failed_here.append(report.nodeid)
@@ -337,7 +234,7 @@ class SpmdSession:
         tests that failed only on other ranks."""
         if self.group.store is None:
             return
-        self.finishing = True
+        self.signals.finishing = True
         self._publish_done()
         if self.rank != 0:
             return
@@ -349,6 +246,13 @@ class SpmdSession:
                     self.elsewhere.setdefault(nodeid, []).append(r)
         if self.elsewhere and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _leaving(self) -> None:
+        """This rank leaves before the session ends here (stuck in a test): what the end would do,
+        from the watchdog thread (with its own store client: the main thread's may be in use)."""
+        self.signals.finishing = True
+        self.done_published = True
+        safe_set(self.group.wstore, DONE.format(self.rank), json.dumps(self.failed_here))
 
     def _publish_done(self) -> None:
         if not self.done_published:
@@ -370,16 +274,11 @@ class SpmdSession:
         """Ranks leave together, rank 0 last: the others wait until rank 0 has written its report
         (the launcher stops every rank when one exits with an error), rank 0 until they have left.
         SIGTERM from the launcher is ignored from here on, so that every rank's exit code is its own."""
-        self.finishing = True
-        try:
-            # ignored in C: Python's own handlers are reset while the interpreter shuts down
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        except ValueError:
-            pass
+        self.signals.ignore_sigterm()
         if self.group.store is None:
             return
         if not self.collected:
-            self.group.set(COLLECT.format(self.rank), json.dumps({"gone": True}))
+            self.group.set(COLLECT.format(self.rank), Collected(gone=True).to_json())
             self.collected = True
         self._publish_done()
         self.group.leave_together()
@@ -396,10 +295,11 @@ class SpmdSession:
         return f"t/{digest}/{n}"
 
     def _begin(self, item, bound: float) -> None:
-        run = TestRun(self, item.nodeid, self._key(item.nodeid), bound)
+        run = TestRun(self.group, item.nodeid, self._key(item.nodeid), bound, self.nccl.settings.trace,
+                      leaving=self._leaving)
         run.running = True
-        if self.nccl.settings.trace:
-            from .. import tracer
+        if run.trace:
+            from ..rank import tracer
             tracer.start(run.journal_path)
             run.tracing = True
         self.run = run
@@ -417,23 +317,22 @@ class SpmdSession:
         if not run.tracing:
             return {}, 0
         run.tracing = False
-        from .. import tracer
+        from ..rank import tracer
         try:
             return tracer.stop()
         except Exception as exc:
             self.debug(f"tracer.stop: {type(exc).__name__}: {exc}")
             return {}, 0
 
-    def _end(self, run: TestRun, outcome: dict) -> Verdict:
-        """This rank is done with the test: publish its outcome, wait for rank 0's verdict."""
+    def _end(self, run: TestRun, report: RankReport) -> Verdict:
+        """This rank is done with the test: publish its report, wait for rank 0's verdict."""
         import torch.distributed as dist
         run.running = False
         digest, dangling = self._end_trace(run)
-        outcome.update(digest=digest, dangling=dangling, t_end=time.time(),
-                       journal=read_fd(run.journal_path).decode("utf-8", "replace"),
-                       initialized=dist.is_initialized())
-        outcome.setdefault("output", "")
-        self.group.set(run.keys.outcome(self.rank), pickle.dumps(outcome))
+        report.digest = {pg: Digest(*d) for pg, d in digest.items()}
+        report.dangling, report.ended, report.initialized = dangling, time.time(), dist.is_initialized()
+        report.journal = read_fd(run.journal_path).decode("utf-8", "replace")
+        run.publish(report)
         decided = run.wait_verdict()
         run.close()
         try:
@@ -452,50 +351,13 @@ class SpmdSession:
         if run is None or run.nodeid != item.nodeid or not run.running:
             raise RankSetupError(f"pytest-nccl: rank {self.rank} has no distributed run for {item.nodeid} "
                                  "(its set-up did not start one)")
-        outcome, exc = body_outcome(item, self.config, self._user_code(run))
-        decided = self._end(run, outcome)
-        return self._apply(item, run, decided, exc)
-
-    def _record_failure(self, item, result, diag, decided: Verdict) -> None:
-        """Rank 0: headline for the JUnit XML, the gate report and --nccl-trace-dir."""
-        record_failure(item, self.nccl, diag, decided.exception, self.backend, result, on_error=self.say)
-
-    def _apply(self, item, run: TestRun, decided: Verdict, raise_failure) -> bool:
-        """The same outcome on every rank: pass, skip, xfail, or the one exception of the verdict
-        (rank 0 with the combined report, the others quietly). ``raise_failure``: this rank's own
-        exception, re-raised when it already is the verdict (a skip, an xfail)."""
-        __tracebackhide__ = True
-        if run.result is not None:
-            item_outcome(item).result = run.result[0]
-        if decided.status == RankState.PASSED:
-            return True
-        if decided.status == RankState.SKIPPED:
-            if raise_failure is not None and type(raise_failure).__name__ == "Skipped":
-                raise raise_failure
-            raise pytest.skip.Exception(decided.message or "skipped on every rank", _use_item_location=True)
-        if decided.status == RankState.XFAILED:
-            if raise_failure is not None and type(raise_failure).__name__ == "XFailed":
-                raise raise_failure
-            pytest.xfail(decided.message or "xfail on every rank")
-        if decided.stop:
-            item.session.shouldstop = decided.stop
-        exc_class = exception_class(decided.exception)
-        if self.rank == 0 and run.result is not None and run.result[1] is not None:
-            result, diag, report = run.result
-            self._record_failure(item, result, diag, decided)
-            raise exc_class(diag.headline, diag, report)
-        diag = Diagnosis(decided.kind or "setup", decided.headline)
-        if self.rank == 0:
-            record_failure(item, self.nccl, diag, exc_class.__name__, self.backend)
-        raise exc_class(decided.headline, diag, "")
+        report, exc = body_outcome(item, self.config, self._user_code(run), self.rank)
+        decided = self._end(run, report)
+        return apply_verdict(self, item, run, decided, exc)
 
     def _join_without_body(self, item, rep, call=None) -> None:
         """This rank's set-up failed or skipped (or the body was never called): publish that as its
-        outcome, wait for the verdict like the ranks that run the body, and report it."""
+        report, wait for the verdict like the ranks that run the body, and report it."""
         run = self.run
-        outcome = setup_outcome(item, rep, call)
-        decided = self._end(run, outcome)
-        self._setup_failure_report(item, rep, decided)
-
-
-
+        decided = self._end(run, setup_outcome(item, rep, self.rank, call))
+        setup_failure_report(self, item, rep, run, decided)

@@ -1,6 +1,6 @@
-"""One marked test on one launched rank: its store keys, the watchdog thread every rank runs (push
-the journal, snapshot and release on request), and rank 0's decider, which feeds what the ranks
-published to the referee and publishes the verdict.
+"""One marked test on one launched rank: its store keys, its journal, the watchdog thread every rank
+runs (push the journal, snapshot and release on request), and the wait for rank 0's verdict (rank 0's
+decider, ``decider.py``, runs beside it there).
 """
 
 from __future__ import annotations
@@ -11,17 +11,13 @@ import threading
 import time
 import traceback
 
-from ..diagnose import digests_agree, stack_top
-from ..journal import parse_journal
-from ..records import CallResult, RankState, RankView, Verdict
-from ..referee import TIMING, Reason, Referee, is_clean, verdict
-from ..report import format_report
-from ..stacks import THREAD_PREFIX, format_stacks, harness_sites_stripped
-from .store import JOURNAL_PUSH, VERDICT_MARGIN, TestKeys, naps, poll
-
-
-def records(text: str, rank: int) -> list:
-    return harness_sites_stripped(parse_journal(text or "", rank))
+from ..core.messages import Verdict
+from ..core.referee import TIMING
+from ..core.reports import CallResult, RankReport
+from ..core.states import Kind, RankState
+from ..rank.stacks import THREAD_PREFIX, format_stacks
+from .decider import Decider
+from .store import JOURNAL_PUSH, VERDICT_MARGIN, TestKeys, poll
 
 
 def read_fd(path: str, offset: int = 0) -> bytes:
@@ -33,15 +29,24 @@ def read_fd(path: str, offset: int = 0) -> bytes:
         return b""
 
 
+def setup_verdict(headline: str, stop: str | None = None) -> Verdict:
+    """The verdict of a test the harness itself could not decide (a failed decider, a silent rank 0)."""
+    return Verdict(RankState.FAILED, kind=Kind.SETUP, exception="RankSetupError", recreate=True,
+                   headline=headline, stop=stop)
+
+
 class TestRun:
-    """One marked test on this rank."""
+    """One marked test on this rank. ``group``: the ``LaunchedGroup`` (stores, release); ``trace``:
+    the tracer runs; ``leaving()``: what the session does at its end here (this rank's failures
+    published), called when this rank has to leave without getting there."""
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, sp, nodeid: str, key: str, bound: float):
-        self.sp, self.nodeid, self.bound = sp, nodeid, bound
+    def __init__(self, group, nodeid: str, key: str, bound: float, trace: bool, leaving=lambda: None):
+        self.group, self.nodeid, self.bound, self.trace = group, nodeid, bound, trace
+        self.leaving = leaving
         self.keys = TestKeys(key)
-        self.rank, self.world = sp.launch.rank, sp.launch.world
+        self.rank, self.world = group.rank, group.world
         # the journal lives in memory (memfd): nothing is left behind by a rank that dies or is stuck
         self.journal_fd = os.memfd_create(f"pytest-nccl-journal-{self.rank}")
         self.journal_path = f"/proc/self/fd/{self.journal_fd}"
@@ -52,38 +57,37 @@ class TestRun:
         self.bound_reached = False             # the interrupt was raised in the body once
         self.finished = threading.Event()      # the main thread has the verdict
         self.t0_wall = time.time()
-        self.result = None                     # rank 0: (CallResult, Diagnosis | None, report)
+        self.result: CallResult | None = None  # rank 0: what the decider concluded
+        self.report = ""                       # rank 0: the failure's report text
         self.threads: list[threading.Thread] = []
-        self._journal_cache: dict = {}
 
     def start(self, decider: bool = True) -> None:
         self.t0_wall = time.time()
-        self.sp.group.store.set(self.keys.start(self.rank), repr(self.t0_wall))
-        self.threads.append(threading.Thread(target=self._guard, args=(self._watch,),
+        self.group.store.set(self.keys.start(self.rank), repr(self.t0_wall))
+        self.threads.append(threading.Thread(target=self._guard, args=(self._watch, False),
                                              name=THREAD_PREFIX + "watchdog", daemon=True))
         if self.rank == 0 and decider:
-            self.threads.append(threading.Thread(target=self._guard, args=(self._decide,),
+            self.threads.append(threading.Thread(target=self._guard, args=(Decider(self).decide, True),
                                                  name=THREAD_PREFIX + "decider", daemon=True))
         for t in self.threads:
             t.start()
 
-    def _guard(self, fn) -> None:
+    def _guard(self, fn, deciding: bool) -> None:
         try:
             fn()
         except BaseException:  # never let a harness thread die silently: rank 0 must publish a verdict
             text = traceback.format_exc()
-            self.sp.debug(f"{threading.current_thread().name} failed:\n{text}")
-            if fn == self._decide:
+            self.group.debug(f"{threading.current_thread().name} failed:\n{text}")
+            if deciding:
                 try:
-                    self.sp.group.dstore.set(self.keys.verdict, pickle.dumps(Verdict(
-                        RankState.FAILED, kind="setup", exception="RankSetupError", recreate=True,
-                        headline=f"pytest-nccl: rank 0's decider failed: {text.strip().splitlines()[-1]}")))
+                    self.group.dstore.set(self.keys.verdict, pickle.dumps(setup_verdict(
+                        f"pytest-nccl: rank 0's decider failed: {text.strip().splitlines()[-1]}")))
                 except Exception:
                     pass
 
     # -- every rank: push the journal, snapshot and abort on request ----------------------------------
     def _watch(self) -> None:
-        store, keys = self.sp.group.wstore, self.keys
+        store, keys = self.group.wstore, self.keys
         pushed = 0
         snapped = aborted = verdict_seen = False
         next_push = 0.0
@@ -101,171 +105,35 @@ class TestRun:
                 snapped = True
                 snap = b"-"
                 if self.running:
-                    snap = pickle.dumps({"stack": format_stacks(cut_main_to_user=True),
-                                         "journal": read_fd(self.journal_path).decode("utf-8", "replace")})
+                    snap = pickle.dumps(RankReport(self.rank, RankState.RUNNING,
+                                                   stack=format_stacks(cut_main_to_user=True),
+                                                   journal=read_fd(self.journal_path).decode("utf-8", "replace")))
                 store.set(keys.snapshot(self.rank), snap)
             if snapped and not aborted and store.check([keys.abort]):
                 aborted = True
-                self.sp.group.abort(self)
+                self.group.abort(self)
             if aborted and not verdict_seen and store.check([keys.verdict]):
                 verdict_seen = True
-                decided = pickle.loads(store.get(keys.verdict))
+                decided: Verdict = pickle.loads(store.get(keys.verdict))
                 if self.rank in decided.stuck and not self.finished.is_set():
-                    self.sp.group.abandon(self)  # does not return while the main thread is stuck
+                    self.group.abandon(self)  # does not return while the main thread is stuck
             self.finished.wait(0.02 if not snapped else 0.05)
 
-    # -- rank 0: feed the referee, gather, diagnose, publish the verdict -------------------------------
-    def _decide(self) -> None:
-        store, world, keys = self.sp.group.dstore, self.world, self.keys
-        t0 = time.monotonic()
-        referee = Referee(world, self.bound, t0, trace=self.sp.nccl.settings.trace)
-        view = _StoreCallView(self, {})
-        outs = view.outs
-        sleeps = naps()
-        while True:
-            for r in range(world):
-                if r not in outs and store.check([keys.outcome(r)]):
-                    outs[r] = pickle.loads(store.get(keys.outcome(r)))
-                    referee.finished(r, RankState.of_outcome(outs[r]["status"]), time.monotonic())
-            reason = referee.step(time.monotonic(), view)
-            if reason is not None:
-                break
-            time.sleep(min(next(sleeps), max(0.0, referee.wake_at() - time.monotonic())))
-        live = [r for r in range(world) if r not in outs]
-        snaps: dict[int, dict] = {}
-        stuck: list[int] = []
-        if live:
-            store.set(keys.decision, reason.value)
-            waiting = set(live)
-
-            def snapshots_in() -> bool:
-                for r in sorted(waiting):
-                    if store.check([keys.snapshot(r)]):
-                        raw = store.get(keys.snapshot(r))
-                        if raw != b"-":
-                            snaps[r] = pickle.loads(raw)
-                        waiting.discard(r)
-                return not waiting
-
-            poll(snapshots_in, time.monotonic() + TIMING.snapshot_wait)
-            store.set(keys.abort, "1")
-
-            def released() -> bool:
-                for r in live:
-                    if r not in outs and store.check([keys.outcome(r)]):
-                        outs[r] = pickle.loads(store.get(keys.outcome(r)))
-                return all(r in outs for r in live)
-
-            poll(released, time.monotonic() + TIMING.release_wait)
-            stuck = [r for r in live if r not in outs]
-        self._conclude(outs, snaps, stuck, reason, time.monotonic() - t0)
-
-    def journals(self, outs: dict) -> dict:
-        """Every rank's records so far: from its outcome, else from what its watchdog appended
-        (read again only when it grew)."""
-        store, cache = self.sp.group.dstore, self._journal_cache
-        result = {}
-        for r in range(self.world):
-            length = self.journal_length(r, outs)
-            if cache.get(r, (None,))[0] != length:
-                if r in outs:
-                    text = outs[r]["journal"]
-                elif length:
-                    text = store.get(self.keys.journal(r)).decode("utf-8", "replace")
-                else:
-                    text = ""
-                cache[r] = (length, records(text, r))
-            result[r] = cache[r][1]
-        return result
-
-    def journal_length(self, r: int, outs: dict) -> int:
-        if r in outs:
-            return len(outs[r]["journal"]) + 1
-        store = self.sp.group.dstore
-        key = self.keys.journal_length(r)
-        return int(store.get(key)) if store.check([key]) else 0
-
-    def _views(self, outs: dict, snaps: dict) -> list[RankView]:
-        store = self.sp.group.dstore
-        views = []
-        for r in range(self.world):
-            view = RankView(r)
-            out, snap = outs.get(r), snaps.get(r)
-            if snap is not None:
-                view.status = RankState.RUNNING
-                view.stack = snap["stack"]
-                view.records = records(snap["journal"], r)
-            elif out is not None:
-                view.status = RankState.of_outcome(out["status"])
-                view.records = records(out["journal"], r)
-                view.finished_at = max(0.0, out["t_end"] - self.t0_wall)
-                view.exc_type, view.exc_text, view.message = out["exc_type"], out["exc_text"], out["message"]
-            else:
-                started = store.check([self.keys.start(r)])
-                view.status = RankState.RUNNING if started else RankState.NOT_STARTED
-                if store.check([self.keys.journal(r)]):
-                    view.records = records(store.get(self.keys.journal(r)).decode("utf-8", "replace"), r)
-                view.message = "" if started else "never started this test (still in an earlier one, or exited)"
-            if out is not None:
-                view.output = out.get("output", "")
-            views.append(view)
-        return views
-
-    def _conclude(self, outs: dict, snaps: dict, stuck: list, reason: Reason, elapsed: float) -> None:
-        views = self._views(outs, snaps)
-        digests = {r: o.get("digest", {}) for r, o in outs.items()} if self.sp.nccl.settings.trace else None
-        result = CallResult(ranks=views, reason=reason, outcomes=outs, elapsed=elapsed, bound=self.bound,
-                            digests_agree=digests is None or digests_agree(digests, self.world))
-        recreate = any(not o.get("initialized", True) for o in outs.values())
-        if is_clean(views, reason, digests):
-            decided = Verdict(views[0].status, message=views[0].message, recreate=recreate)
-            self.result = (result, None, "")
-        else:
-            for r in stuck:
-                views[r].message = "could not be released from the test after the bound"
-            diag = verdict(views, reason, self.bound)
-            report = format_report(views, diag, elapsed, self.bound, self.sp.backend)
-            stop = None
-            if stuck:
-                where = "; ".join(f"rank {r} at {stack_top(views[r].stack) or 'unknown'}" for r in stuck)
-                stop = (f"pytest-nccl: {'ranks' if len(stuck) > 1 else 'rank'} {','.join(map(str, stuck))} "
-                        f"could not be released from {self.nodeid} within {TIMING.release_wait:g} s after its "
-                        f"bound (stuck outside Python: {where}); the session stops here")
-                report += "\n\n" + stop
-            decided = Verdict(RankState.FAILED, kind=diag.kind, headline=diag.headline,
-                              exception=diag.exception_name, stuck=stuck, stop=stop, recreate=True)
-            self.result = (result, diag, report)
-        self.sp.group.dstore.set(self.keys.verdict, pickle.dumps(decided))
-
     # -- main thread -----------------------------------------------------------------------------------
+    def publish(self, report: RankReport) -> None:
+        """This rank is done with the test: its report, for rank 0's decider."""
+        self.group.set(self.keys.outcome(self.rank), pickle.dumps(report))
+
     def wait_verdict(self) -> Verdict:
-        store = self.sp.group.store
+        store = self.group.store
         limit = self.bound + TIMING.snapshot_wait + TIMING.release_wait + VERDICT_MARGIN
         if poll(lambda: store.check([self.keys.verdict]), time.monotonic() + limit):
             return pickle.loads(store.get(self.keys.verdict))
-        return Verdict(RankState.FAILED, kind="setup", exception="RankSetupError", recreate=True,
-                       headline=f"pytest-nccl: rank {self.rank} got no verdict from rank 0 for {self.nodeid} "
-                                f"within {limit:.0f} s",
-                       stop="pytest-nccl: rank 0 does not answer; the session stops")
+        return setup_verdict(f"pytest-nccl: rank {self.rank} got no verdict from rank 0 for {self.nodeid} "
+                             f"within {limit:.0f} s", stop="pytest-nccl: rank 0 does not answer; the session stops")
 
     def close(self) -> None:
         self.finished.set()
         for t in self.threads:
             if t is not threading.current_thread():
                 t.join(timeout=TIMING.release_wait + TIMING.snapshot_wait + 2)
-
-
-class _StoreCallView:
-    """What the referee reads of a running SPMD test: the journals the watchdogs pushed."""
-
-    def __init__(self, run: TestRun, outs: dict):
-        self.run, self.outs = run, outs
-
-    def journals(self) -> dict:
-        return self.run.journals(self.outs)
-
-    def journal_sizes(self) -> list:
-        return [self.run.journal_length(r, self.outs) for r in range(self.run.world)]
-
-    def flight_recorder_journals(self) -> dict | None:
-        return None  # not collected in SPMD mode

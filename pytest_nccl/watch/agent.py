@@ -23,8 +23,8 @@ import socket
 import threading
 import time
 
-from .. import tracer
-from ..stacks import THREAD_PREFIX, format_stacks
+from ..rank import tracer
+from ..rank.stacks import THREAD_PREFIX, format_stacks
 from . import jobdir
 
 ORPHAN_KILL_AFTER = 10.0  # after our SIGTERM, for the script's own handler to finish

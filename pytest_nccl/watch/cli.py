@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-from ..referee import Reason
+from ..core.states import Reason
 from . import control, jobdir, present
 from .monitor import Monitor
 

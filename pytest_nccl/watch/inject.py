@@ -87,7 +87,7 @@ def after_torch() -> None:
 
         if not dist.is_available():
             return
-        from .. import tracer
+        from ..rank import tracer
 
         tracer.install()
         _wrap_init_process_group()
@@ -161,7 +161,7 @@ class _Rank:
         import socket
         import time
 
-        from .. import tracer
+        from ..rank import tracer
         from .agent import Agent
 
         d, r = self.directory, self.rank
@@ -190,23 +190,26 @@ class _Rank:
             return  # a forked child that exits through the interpreter
         import time
 
-        record = {"status": "passed", "t": time.time()}
+        from ..core.reports import RankReport
+        from ..core.states import RankState
+
+        record = RankReport(self.rank, RankState.PASSED, ended=time.time())
         exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
         try:
             if exc is not None and not isinstance(exc, SystemExit):
-                from ..stacks import describe_exception, format_exception
+                from ..rank.stacks import describe_exception, format_exception
 
-                status, exc_type, text, message = describe_exception(
+                _, record.exc_type, record.exc_text, record.message = describe_exception(
                     exc, lambda e: format_exception(e, cut_to_user=True))
-                record.update(status="failed", exc_type=exc_type, exc_text=text, message=message)
+                record.state = RankState.FAILED
             elif _exit_status not in (None, 0):
-                record.update(status="failed", exc_type="SystemExit", exc_text="",
-                              message=f"SystemExit: {_exit_status}")
-            jobdir.write_json(jobdir.exit_record(self.directory, self.rank), record)
+                record.state, record.exc_type, record.message = (RankState.FAILED, "SystemExit",
+                                                                 f"SystemExit: {_exit_status}")
+            jobdir.write_text(jobdir.exit_record(self.directory, self.rank), record.to_json())
         except Exception as exc:
             _warn(f"no exit record ({type(exc).__name__}: {exc})")
         if self.agent is not None:
             self.agent.close()
-        from .. import tracer
+        from ..rank import tracer
 
         tracer.stop()  # the trace holds the default group: let it go as it would without us

@@ -63,12 +63,16 @@ def segment_bytes() -> int:
     return max(1 << 16, int(mb * (1 << 20)))
 
 
-def write_json(path: str, data: dict) -> None:
+def write_text(path: str, text: str) -> None:
     """Whole or not at all: the reader never sees half a file."""
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
-        json.dump(data, f)
+        f.write(text)
     os.replace(tmp, path)
+
+
+def write_json(path: str, data: dict) -> None:
+    write_text(path, json.dumps(data))
 
 
 def read_json(path: str) -> dict | None:

@@ -6,7 +6,7 @@ rotations), exit records and vanished pids (``Referee.finished``), then ``Refere
 ``JobView``. Its cost per tick does not grow with the job: journals are read incrementally and the
 records kept are a window (``KEEP`` per group and rank, renumbered from ``base``; ``present.py``
 prints the numbers the ranks counted). ``conclude`` collects the stacks of the ranks still running
-and returns the verdict the test modes would give (``referee.verdict``).
+and hands every rank's report to the judge, as the test modes do (``judge.judge``).
 """
 
 from __future__ import annotations
@@ -14,158 +14,29 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
 
-from ..diagnose import Diagnosis, members_of
-from ..flight import merge as merge_flight_recorder
-from ..flight import records_from_dump
-from ..journal import JournalTail
-from ..records import RankState, RankView
-from ..referee import TIMING, Reason, Referee, is_clean, verdict
+from ..core.diagnosis import Diagnosis
+from ..core.exits import decode_wait_status
+from ..core.flight import merge as merge_flight_recorder
+from ..core.flight import records_from_dump
+from ..core.groups import members_of
+from ..core.journal import JournalTail
+from ..core.judge import judge, settled
+from ..core.records import RankView
+from ..core.referee import TIMING, Referee
+from ..core.reports import RankReport
+from ..core.states import RankState, Reason
 from . import jobdir
+from .follow import Followed, ask_all, fr_progress, read_text
 
 KEEP = 1000               # records of a group kept per rank (the window holds KEEP to 2 * KEEP)
-READ_CHUNK = 8 << 20      # bytes of one journal read in one tick at most
 STATUS_EVERY = 1.0        # how often each rank's Flight Recorder progress is asked for
 SCAN_EVERY = 0.05         # how often the directory is listed for ranks not seen yet
 FATAL_SIGNALS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
                  "Floating point exception": "SIGFPE", "Illegal instruction": "SIGILL"}
-
-
-def fr_progress(pg_status) -> tuple | None:
-    """The Flight Recorder's per-group progress (last enqueued, last completed) in one comparable
-    value: it moves with every collective, those issued from C++ (DDP's reducer) included."""
-    if not pg_status:
-        return None
-    return tuple(sorted((pg, s.get("last_enqueued_collective"), s.get("last_completed_collective"))
-                        for pg, s in pg_status.items()))
-
-
-class JournalFile:
-    """One rank's journal, followed by name: each read continues where the last one stopped; when
-    the rank rotated the file (``agent.rotate``), the rest of the old one comes first, then the
-    previous segment if two rotations happened in between (more would lose one: 16 MB of journal
-    between two ticks of the watch)."""
-
-    def __init__(self, path: str):
-        self.path = path
-        self.f = None
-        self.ino = None
-        self.consumed = 0      # bytes read in all: the measure of progress
-        self.truncated = False  # the rank started the journal again (a restarted rank)
-
-    def _open(self, path: str) -> bool:
-        try:
-            f = open(path, "rb")
-        except OSError:
-            return False
-        if self.f is not None:
-            self.f.close()
-        self.f, self.ino = f, os.fstat(f.fileno()).st_ino
-        return True
-
-    def read(self) -> bytes:
-        out = b""
-        for _ in range(4):  # segments visited in one read
-            if self.f is None and not self._open(self.path):
-                break
-            out += self.f.read(READ_CHUNK - len(out))
-            if len(out) >= READ_CHUNK:
-                break
-            try:
-                st = os.stat(self.path)
-            except OSError:
-                break  # between the rank's two renames
-            if st.st_ino == self.ino:
-                if st.st_size < self.f.tell():  # started again: a restarted rank
-                    self.f.seek(0)
-                    self.truncated = True
-                break
-            # rotated: the rank moved its descriptor before renaming, nothing more comes to this one
-            out += self.f.read(READ_CHUNK - len(out))
-            if len(out) >= READ_CHUNK:
-                break
-            try:
-                skipped = os.stat(self.path + ".1").st_ino not in (self.ino, st.st_ino)
-            except OSError:
-                skipped = False
-            if not (skipped and self._open(self.path + ".1")) and not self._open(self.path):
-                break
-        self.consumed += len(out)
-        return out
-
-    def close(self) -> None:
-        if self.f is not None:
-            self.f.close()
-
-
-class Followed:
-    """What the watch knows of one rank."""
-
-    def __init__(self, rank: int, info: dict, directory: str):
-        self.rank, self.info, self.directory = rank, info, directory
-        self.file = JournalFile(jobdir.journal(directory, rank))
-        self.tail = JournalTail(rank)
-        self.records: list = []        # the window, in the order the rank entered them
-        self.count: dict = {}          # group -> collectives entered since the journal started
-        self.kept: dict = {}           # group -> records of it in the window
-        self.state: RankState | None = None
-        self.exit: dict = {}
-        self.finished_at: float | None = None
-        self.fr_progress = None        # the Flight Recorder's per-group progress, last asked
-        self.local = info.get("host") == socket.gethostname()
-        self.exit_code: int | None = None  # seen while the process was a zombie
-
-    def ask(self, request: str, timeout: float) -> dict | None:
-        if not self.local:
-            return None
-        try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                s.settimeout(timeout)
-                s.connect(jobdir.socket_path(self.directory, self.rank))
-                s.sendall(request.encode() + b"\n")
-                chunks = []
-                while True:
-                    chunk = s.recv(1 << 16)
-                    if not chunk:
-                        break
-                    chunks.append(chunk)
-            return json.loads(b"".join(chunks))
-        except (OSError, ValueError):
-            return None
-
-    def gone(self) -> bool:
-        """The process ended (a zombie counts; its exit status is kept when readable)."""
-        pid, start = self.info.get("pid"), self.info.get("start")
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, TypeError):
-            return True
-        if start is not None and int(fields[19]) != start:
-            return True  # the pid was reused
-        if fields[0] in ("Z", "X"):
-            try:
-                self.exit_code = int(fields[49])
-            except (IndexError, ValueError):
-                pass
-            return True
-        return False
-
-
-@dataclass
-class WatchRankView(RankView):
-    """A rank of a job: one that ended without a record and without a status the watch could read
-    says so (a forked rank's status always comes from its parent)."""
-
-    @property
-    def exit_description(self) -> str:
-        if self.signal_name or self.exit_code is not None or self.status != RankState.DEAD:
-            return super().exit_description
-        return "ended without an exit record (killed by a signal, or os._exit)"
 
 
 @dataclass
@@ -201,7 +72,7 @@ class JobView:
         renumbers)."""
         dumps = {}
         live = [f for f in self.m.ranks.values() if f.state is None]
-        for r, answer in _ask_all(live, "fr", TIMING.stacks_wait).items():
+        for r, answer in ask_all(live, "fr", TIMING.stacks_wait).items():
             if answer and answer.get("fr_json"):
                 dumps[r] = records_from_dump(answer["fr_json"], r)
                 try:  # fresher than the last status poll
@@ -321,17 +192,16 @@ class Monitor:
         for f in self.ranks.values():
             if f.state is not None:
                 continue
-            record = jobdir.read_json(jobdir.exit_record(self.dir, f.rank))
+            record = _exit_report(self.dir, f.rank)
             if record is None and f.local and f.gone():
-                record = jobdir.read_json(jobdir.exit_record(self.dir, f.rank))  # written just before
+                record = _exit_report(self.dir, f.rank)  # written just before
                 if record is None:
-                    record = {"status": "dead"}
+                    record = RankReport(f.rank, RankState.DEAD)
             if record is None:
                 continue
-            _debug(f"rank {f.rank} finished: {record.get('status')}")
+            _debug(f"rank {f.rank} finished: {record.state}")
             f.exit = record
-            f.state = {"passed": RankState.PASSED, "failed": RankState.FAILED}.get(record.get("status"),
-                                                                                 RankState.DEAD)
+            f.state = record.state if record.state in (RankState.PASSED, RankState.FAILED) else RankState.DEAD
             f.finished_at = now
             self.referee.finished(f.rank, f.state, now)
 
@@ -350,23 +220,24 @@ class Monitor:
 
     # -- the verdict ------------------------------------------------------------------------------------
     def conclude(self, reason: Reason, now: float) -> Finding:
-        """Stacks of the ranks still running, then the same diagnosis as the test modes."""
+        """Stacks of the ranks still running, then the judge, as in the test modes."""
         if reason == Reason.DECIDED and self.referee.settle:
             self._settle()
         live = [f for f in self.ranks.values() if f.state is None]
-        answers = _ask_all(live, "dump", TIMING.stacks_wait)
-        views = [self._view(r, answers.get(r)) for r in range(self.world)]
+        answers = ask_all(live, "dump", TIMING.stacks_wait)
+        reports = {r: self._report(r, answers.get(r)) for r in range(self.world)}
         fr_pickles = {}
         for r, answer in answers.items():
             if answer and answer.get("fr_pickle"):
                 import base64
                 fr_pickles[r] = base64.b64decode(answer["fr_pickle"])
-        self._merge_flight_recorder(views, answers)
-        diagnosis = None
-        if not (reason == Reason.COMPLETED and is_clean(views, reason, _digests(views))):
-            diagnosis = verdict(views, reason, self.timeout)
+        result = judge(reports, self.world, reason, self.timeout, lambda: self._journals(reports, answers),
+                       elapsed=now - self.t0)
+        if result.diagnosis is None:  # clean: the views carry the window all the same
+            for view in result.ranks:
+                view.records = self._journals(reports, answers)[view.rank]
         backend = next((f.info.get("backend", "") for f in self.ranks.values()), "")
-        return Finding(reason, views, diagnosis, now - self.t0, backend, dict(self.base),
+        return Finding(reason, result.ranks, result.diagnosis, now - self.t0, backend, dict(self.base),
                        {r: dict(f.count) for r, f in self.ranks.items()}, fr_pickles)
 
     def after_exit(self, now: float) -> Finding | None:
@@ -390,68 +261,62 @@ class Monitor:
             live = [f for f in self.ranks.values() if f.state is None]
             for f in live:
                 self._read(f)
-            if all(RankView(f.rank, records=f.records).current is not None for f in live):
+            if settled({f.rank: f.records for f in live}, [f.rank for f in live]):
                 return
             time.sleep(TIMING.poll)
             self._finished(time.monotonic())
 
-    def _view(self, r: int, answer: dict | None) -> WatchRankView:
+    def _report(self, r: int, answer: dict | None) -> RankReport:
+        """What the watch knows of rank ``r``: its exit record, or what it saw from outside."""
         f = self.ranks.get(r)
-        view = WatchRankView(r)
         if f is None:
-            view.status = RankState.NOT_STARTED
-            view.message = "never created the default process group"
-            return view
-        view.records = f.records
-        view.status = f.state or RankState.RUNNING
+            return RankReport(r, RankState.NOT_STARTED, message="never created the default process group")
+        report = RankReport(r, f.state or RankState.RUNNING)
+        if f.exit is not None:
+            report.exc_type, report.exc_text, report.message = f.exit.exc_type, f.exit.exc_text, f.exit.message
         if f.finished_at is not None:
-            view.finished_at = f.finished_at - self.t0
-        view.exc_type = f.exit.get("exc_type", "")
-        view.exc_text = f.exit.get("exc_text", "")
-        view.message = f.exit.get("message", "")
+            report.finished_at = f.finished_at - self.t0
         if answer:
-            view.stack = answer.get("stack") or ""
-        if view.status == RankState.DEAD:
-            fatal = _read_text(jobdir.fatal(self.dir, r))
+            report.stack = answer.get("stack") or ""
+        if report.state == RankState.DEAD:
+            fatal = read_text(jobdir.fatal(self.dir, r))
             if fatal:
-                view.stack = fatal[-6000:]
-                view.signal_name = next((sig for text, sig in FATAL_SIGNALS.items()
-                                         if f"Fatal Python error: {text}" in fatal), None)
-            if f.exit_code is not None and view.signal_name is None:
-                status = f.exit_code
-                if os.WIFSIGNALED(status):
-                    import signal
-                    view.signal_name = signal.Signals(os.WTERMSIG(status)).name
-                elif os.WIFEXITED(status):
-                    view.exit_code = os.WEXITSTATUS(status)
-        return view
+                report.stack = fatal[-6000:]
+                report.signal_name = next((sig for text, sig in FATAL_SIGNALS.items()
+                                           if f"Fatal Python error: {text}" in fatal), None)
+            if f.exit_code is not None and report.signal_name is None:
+                report.exit_code, report.signal_name = decode_wait_status(f.exit_code)
+        return report
 
-    def _merge_flight_recorder(self, views: list, answers: dict) -> None:
-        """A rank still running that waits in no traced collective may wait in one issued from C++
-        (DDP's reducer): then, when every rank answered, show the Flight Recorder's entries too."""
-        running = [v for v in views if v.status == RankState.RUNNING]
-        if not running or any(v.current is not None for v in running):
-            return
+    def _journals(self, reports: dict, answers: dict) -> dict:
+        """The window of every rank; a rank still running that waits in no traced collective may wait
+        in one issued from C++ (DDP's reducer): then, when every rank answered, with the Flight
+        Recorder's entries merged in."""
+        journals = {r: (self.ranks[r].records if r in self.ranks else []) for r in range(self.world)}
+        running = [r for r, rep in reports.items() if rep.state == RankState.RUNNING]
+        if not running or not all(_waits_nowhere(journals[r]) for r in running):
+            return journals
         if len(answers) != self.world or not all(a and a.get("fr_json") for a in answers.values()):
-            return
+            return journals
         dumps = {r: records_from_dump(a["fr_json"], r) for r, a in answers.items()}
-        merged = merge_flight_recorder({v.rank: [copy.copy(x) for x in v.records] for v in views}, dumps)
-        for v in views:
-            v.records = merged[v.rank]
+        merged = merge_flight_recorder({r: [copy.copy(x) for x in recs] for r, recs in journals.items()}, dumps)
         self.base = {}  # numbered by the Flight Recorder now
+        return merged
 
 
-def _digests(views: list) -> dict:
-    """Per rank and group, the collectives it issued (count, signatures), as the ranks' own digests
-    would say: ranks that all exited normally but left a collective unmatched are not clean."""
-    digests: dict = {}
-    for v in views:
-        sigs: dict = {}
-        for rec in v.records:
-            if not rec.pg.endswith(":p2p"):
-                sigs.setdefault(rec.pg, []).append(rec.signature)
-        digests[v.rank] = {pg: (len(s), hash(tuple(s))) for pg, s in sigs.items()}
-    return digests
+def _waits_nowhere(records: list) -> bool:
+    return RankView(0, records=records).current is None
+
+
+def _exit_report(directory: str, rank: int) -> RankReport | None:
+    """The rank's exit record; None while there is none (or it is being written)."""
+    text = read_text(jobdir.exit_record(directory, rank))
+    if not text:
+        return None
+    try:
+        return RankReport.from_json(text)
+    except (ValueError, TypeError):
+        return None
 
 
 def _debug(text: str) -> None:
@@ -460,21 +325,3 @@ def _debug(text: str) -> None:
         sys.stderr.write(f"[watch {time.time():.3f}] {text}\n")
 
 
-def _ask_all(followed: list, request: str, timeout: float) -> dict:
-    """Ask several ranks at once; rank -> answer (None when it did not answer in time)."""
-    answers: dict = {}
-    threads = [threading.Thread(target=lambda f=f: answers.__setitem__(f.rank, f.ask(request, timeout)),
-                                daemon=True) for f in followed]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout + 0.5)
-    return answers
-
-
-def _read_text(path: str) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""

@@ -12,7 +12,8 @@ import json
 import re
 import time
 
-from ..report import format_report, trace_json, write_trace_dir
+from ..views.report import format_report, trace_json, write_trace_dir
+from ..core.states import Reason
 from .monitor import Finding
 
 # a process group label as the tracer writes it ("default", "pg3[0,2]"); point-to-point labels
@@ -98,8 +99,8 @@ def summary(finding: Finding | None, *, exit_code: int, job_exit_code, command: 
     """The ``--json`` document: the same whether or not there was a verdict."""
     diag = finding.diagnosis if finding is not None else None
     return json.dumps({
-        "verdict": diag is not None and not (finding.reason == "completed"),
-        "post_mortem": diag is not None and finding.reason == "completed",
+        "verdict": diag is not None and not (finding.reason == Reason.COMPLETED),
+        "post_mortem": diag is not None and finding.reason == Reason.COMPLETED,
         "exit_code": exit_code, "job_exit_code": job_exit_code, "ended_by_watch": ended_by_watch,
         "command": command, "timeout_s": timeout,
         "reason": None if finding is None else str(finding.reason),

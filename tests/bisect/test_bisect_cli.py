@@ -4,6 +4,7 @@ import io
 from pathlib import Path
 
 import pytest
+from fakes import FakeBuilder
 
 from pytest_nccl.__main__ import main as dunder_main
 from pytest_nccl.bisect import cli
@@ -11,8 +12,6 @@ from pytest_nccl.bisect.envs import BaseInfo, EnvCache
 from pytest_nccl.bisect.runner import RunOutcome
 from pytest_nccl.bisect.search import Verdict
 from pytest_nccl.bisect.versions import Release, StaticIndex
-
-from fakes import FakeBuilder
 
 RELEASES = ["0.12.2", "0.13.0", "0.14.0", "0.15.0", "0.15.1", "0.15.2", "0.16.0", "0.16.1", "0.17.0",
             "0.18.0", "0.18.1", "0.18.2", "0.19.0", "0.20.0rc1"]

@@ -7,9 +7,18 @@ from pathlib import Path
 import pytest
 
 from pytest_nccl.bisect import envs
-from pytest_nccl.bisect.envs import (BaseInfo, EnvBuildError, EnvCache, EnvRequest, build_deps_layer,
-                                     cache_root, copy_dist_info, link_torch, requirement_closure)
 from pytest_nccl.bisect.builders import resolver_reason
+from pytest_nccl.bisect.envs import (
+    BaseInfo,
+    EnvBuildError,
+    EnvCache,
+    EnvRequest,
+    build_deps_layer,
+    cache_root,
+    copy_dist_info,
+    link_torch,
+    requirement_closure,
+)
 
 BASE = BaseInfo(python="/usr/bin/python3", python_version="3.11.7", torch_version="2.13.0+cpu",
                 torch_site="/base/site-packages", torch_entries=("functorch", "torch", "torchgen"))

@@ -4,8 +4,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_nccl.exitcodes import (EXIT_GIT_BISECT_SKIP, Failure, crash_line, failure_from_report,
-                                          git_bisect_meaning, is_infrastructure, map_exitstatus)
+from pytest_nccl.exitcodes import (
+    EXIT_GIT_BISECT_SKIP,
+    Failure,
+    crash_line,
+    failure_from_report,
+    git_bisect_meaning,
+    is_infrastructure,
+    map_exitstatus,
+)
 
 IMPORT = Failure("t.py::a", "call", "ModuleNotFoundError: No module named 'trl'")
 SETUP = Failure("t.py::a", "call", "pytest_nccl.errors.RankSetupError: rank 1 could not start")

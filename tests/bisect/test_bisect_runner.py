@@ -6,8 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from pytest_nccl.bisect.runner import (CaseResult, build_command, first_line, make_shim, parse_junit,
-                                       plugin_entry_points, run_pytest, verdict_from_run)
+from pytest_nccl.bisect.runner import (
+    CaseResult,
+    build_command,
+    first_line,
+    make_shim,
+    parse_junit,
+    plugin_entry_points,
+    run_pytest,
+    verdict_from_run,
+)
 from pytest_nccl.bisect.search import Verdict
 
 JUNIT_FAIL = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0"

@@ -2,8 +2,15 @@
 
 import pytest
 
-from pytest_nccl.bisect.search import (BoundsError, Probe, Verdict, bisect, direction, steps_left,
-                                       sweep)
+from pytest_nccl.bisect.search import (
+    BoundsError,
+    Probe,
+    Verdict,
+    bisect,
+    direction,
+    steps_left,
+    sweep,
+)
 
 VERSIONS = ["0.13.0", "0.14.0", "0.15.0", "0.15.1", "0.15.2", "0.16.0", "0.16.1", "0.17.0", "0.18.0",
             "0.19.0"]

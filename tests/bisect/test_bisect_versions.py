@@ -7,9 +7,17 @@ import urllib.error
 
 import pytest
 
-from pytest_nccl.bisect.versions import (IndexError_, PipIndex, PyPIJsonIndex, Release, StaticIndex,
-                                         parse_pip_index_output, parse_version_list,
-                                         releases_from_pypi_json, select_range)
+from pytest_nccl.bisect.versions import (
+    IndexError_,
+    PipIndex,
+    PyPIJsonIndex,
+    Release,
+    StaticIndex,
+    parse_pip_index_output,
+    parse_version_list,
+    releases_from_pypi_json,
+    select_range,
+)
 
 
 def _file(t, yanked=False):

@@ -2,8 +2,8 @@
 
 from types import SimpleNamespace
 
-from pytest_nccl import gate
-from pytest_nccl.gate import TestResult
+from pytest_nccl.views import gate
+from pytest_nccl.views.gate import TestResult
 
 HEADLINE = "shape mismatch in all_gather #3 of group default: rank 0 [2, 7, 32], rank 1 [2, 5, 32]"
 ENV = {"python": "3.11.7", "platform": "linux x86_64", "torch": "2.13.0+cpu", "cuda": "not available",

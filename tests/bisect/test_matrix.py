@@ -5,19 +5,26 @@ import io
 import json
 
 import pytest
+from fakes import FakeBuilder
 
 from pytest_nccl.__main__ import main as dunder_main
 from pytest_nccl.bisect import matrix_cli
 from pytest_nccl.bisect.envs import BaseInfo, EnvCache
-from pytest_nccl.bisect.matrix import (Results, ResultsError, Run, TestRecord, cell, latest_patches, row_labels,
-                                       skip_reason)
+from pytest_nccl.bisect.matrix import (
+    Results,
+    ResultsError,
+    Run,
+    TestRecord,
+    cell,
+    latest_patches,
+    row_labels,
+    skip_reason,
+)
 from pytest_nccl.bisect.matrix_findings import findings, red_ranges
 from pytest_nccl.bisect.matrix_render import render
 from pytest_nccl.bisect.runner import CaseResult, RunOutcome
 from pytest_nccl.bisect.search import Verdict
 from pytest_nccl.bisect.versions import StaticIndex
-
-from fakes import FakeBuilder
 
 H = "shape mismatch in all_gather #3 of group default: rank 0 [2, 7, 32], rank 1 [2, 5, 32] (call site trl/x.py:12)"
 M = "suites.trl.matrix.test_matrix::"

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 
-from .records import COMPLETED, ENTERED, CollectiveRecord
+from .states import RecordState, Source
+from .records import CollectiveRecord
 
 DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
           "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8",
@@ -58,8 +59,8 @@ def records_from_dump(text: str, rank: int, since_ns: int = 0) -> list[Collectiv
         out.append(CollectiveRecord(
             rank=rank, pg="default" if name == "0" else f"pg{name}", seq=0, op=op,
             shapes=_shapes(entry.get("input_sizes") or []), dtype=DTYPES.get(dtypes[0], str(dtypes[0]).lower()) if dtypes else "",
-            async_op=True, state=COMPLETED if entry.get("retired") else ENTERED,
-            t_start=(created - since_ns) / 1e9 if since_ns else 0.0, source="flight-recorder",
+            async_op=True, state=RecordState.COMPLETED if entry.get("retired") else RecordState.ENTERED,
+            t_start=(created - since_ns) / 1e9 if since_ns else 0.0, source=Source.FLIGHT_RECORDER,
             fr_seq=int(entry.get("collective_seq_id") or 0)))
     return out
 

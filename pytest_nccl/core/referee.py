@@ -31,12 +31,14 @@ a collective for ``bound`` seconds and no rank made progress meanwhile (a hang, 
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Protocol
 
-from .diagnose import MISMATCH_KINDS, Diagnosis, diagnose, digests_agree, first_divergence
-from .records import P2PIndex, RankState, RankView, members_of, stuck_ranks
+from .diagnosis import first_divergence
+from .groups import members_of
+from .records import RankView
+from .states import MISMATCH_KINDS, RankState, Reason, RecordState, Source
+from .waits import P2PIndex, stuck_ranks
 
 
 # -- the predicates of the rules, on the journals read so far (pure: tested on data) --------------
@@ -74,7 +76,7 @@ def waits_for_a_finished_rank(journals: dict, live: dict) -> bool:
                 return True  # it never reached it
             # it left it without completing (raised or died inside); the Flight Recorder's own
             # completion flag is too late to trust for this
-            if theirs[current.seq - 1].pending and theirs[current.seq - 1].source == "python":
+            if theirs[current.seq - 1].pending and theirs[current.seq - 1].source == Source.PYTHON:
                 return True
     return False
 
@@ -83,7 +85,7 @@ def stuck_on_mismatch(journals: dict, views: dict, live: dict) -> bool:
     """True when every running rank waits in a collective and the first divergence is a mismatch
     (op, shape, dtype, root, reduce op or splits at the same position): it would hang there for good."""
     for rank in live:
-        if not any(r.pending and (not r.async_op or r.state == "waiting") for r in journals[rank]):
+        if not any(r.pending and (not r.async_op or r.state == RecordState.WAITING) for r in journals[rank]):
             return False
     trial = [RankView(r, status=views[r].status, records=journals[r]) for r in range(len(journals))]
     div = first_divergence(trial)
@@ -94,16 +96,6 @@ def deadlocked(journals: dict, live: dict) -> bool:
     """True when some running ranks wait on each other (or on finished ranks) in a way that can never
     resolve: transfers with no counterpart, collectives whose missing members are stuck elsewhere."""
     return bool(stuck_ranks(_running_views(journals, live)))
-
-
-class Reason(str, enum.Enum):
-    """Why a call stopped being watched."""
-    COMPLETED = "completed"   # every rank finished
-    DECIDED = "decided"       # a rule found the outcome before every rank finished
-    TIMEOUT = "timeout"       # the bound was reached
-
-    __str__ = str.__str__
-    __format__ = str.__format__
 
 
 @dataclass(frozen=True)
@@ -169,7 +161,7 @@ class Referee:
     def finished(self, rank: int, state: RankState, now: float) -> None:
         """``rank`` has an outcome (or died): a failure starts the grace period."""
         self.states[rank] = state
-        if state in (RankState.FAILED, RankState.DEAD) and self.failed_at is None:
+        if state.failure and self.failed_at is None:
             self.failed_at = now
 
     @property
@@ -255,28 +247,3 @@ class Referee:
 
     def _views(self) -> dict:
         return {r: RankView(r, status=self.states.get(r, RankState.RUNNING)) for r in range(self.world)}
-
-
-# -- the verdict, once every rank's view is complete --------------------------------------------------
-
-CLEAN_STATES = frozenset({RankState.PASSED, RankState.SKIPPED, RankState.XFAILED})
-
-
-def is_clean(views: list[RankView], reason: Reason, digests: dict | None) -> bool:
-    """Every rank finished the same clean way (passed, skipped or xfailed), and every group's members
-    issued the same collectives (``digests``: rank -> {group: (count, crc)}; None: not traced)."""
-    states = {v.status for v in views}
-    return (reason == Reason.COMPLETED and states <= CLEAN_STATES and len(states) == 1
-            and (digests is None or digests_agree(digests, len(views))))
-
-
-def verdict(views: list[RankView], reason: Reason, bound: float) -> Diagnosis:
-    """The diagnosis of a call that is not clean; never None."""
-    diag = diagnose(views, reason, bound)
-    if diag is None and reason == Reason.TIMEOUT and all(v.status in CLEAN_STATES for v in views):
-        diag = Diagnosis("timeout", f"the test took longer than its {bound:g} s bound: every rank finished "
-                         "it, but only after the bound (raise the bound, or make the test shorter)")
-    if diag is None:
-        diag = Diagnosis("rank-raised", "the ranks disagree on the outcome: "
-                         + ", ".join(f"rank {v.rank} {v.status}" for v in views))
-    return diag

@@ -1,19 +1,16 @@
 """The analysis on hand-written data: no torch, no processes."""
 
-from pytest_nccl.diagnose import diagnose, first_divergence, short_site
-from pytest_nccl.journal import parse_journal
-from pytest_nccl.records import CollectiveRecord, RankView
-from pytest_nccl.report import format_table
+from collective_records import record, view
+
+from pytest_nccl.core.diagnosis import diagnose, first_divergence
+from pytest_nccl.core.journal import parse_journal
+from pytest_nccl.core.records import RankView
+from pytest_nccl.core.sites import short_site
+from pytest_nccl.views.report import format_table
 
 
-def rec(rank, seq, op="all_reduce", shapes="[4]", state="completed", pg="default", site="/w/test_x.py:5",
-        t=None, async_op=False):
-    return CollectiveRecord(rank=rank, pg=pg, seq=seq, op=op, shapes=shapes, dtype="float32", state=state,
-                            site=site, t_start=seq if t is None else t, async_op=async_op)
-
-
-def view(rank, status, records, **kw):
-    return RankView(rank=rank, status=status, records=records, **kw)
+def rec(rank, seq, op="all_reduce", shapes="[4]", state="completed", pg="default", t=None, **kw):
+    return record(rank, seq, op, shapes, state, pg, t=seq if t is None else t, **kw)
 
 
 def test_rank_left_names_the_first_to_leave_and_the_waiters():

@@ -11,8 +11,12 @@ from __future__ import annotations
 import json
 import os
 
-from .diagnose import Diagnosis, short_path, short_site, where
-from .records import CollectiveRecord, RankView, RankState, rank_ranges
+from ..core.diagnosis import Diagnosis
+from ..core.diagnosis.wording import where
+from ..core.sites import short_path, short_site
+from ..core.groups import rank_ranges
+from ..core.records import CollectiveRecord, RankView
+from ..core.states import RankState
 
 TABLE_WIDTH = 120
 CONTEXT_ROWS = 2  # matching rows shown above the divergence

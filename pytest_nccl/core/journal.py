@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import os
 
-from .records import COMPLETED, ENTERED, WAITING, P2P, CollectiveRecord
+from .states import RecordState
+from .records import CollectiveRecord, P2P
 
 
 class JournalWriter:
@@ -82,17 +83,17 @@ def _apply_args(rec: CollectiveRecord, text: str) -> None:
 
 def _mark(rec: CollectiveRecord, kind: str, t: float, index: int) -> None:
     """A W or C line: for one transfer of a batch, or for the whole record."""
-    new = WAITING if kind == "W" else COMPLETED
+    new = RecordState.WAITING if kind == "W" else RecordState.COMPLETED
     if rec.p2p:
         for i, p in enumerate(rec.p2p):
             if index < 0 or i == index:
-                if new == COMPLETED or p.state != COMPLETED:
+                if new == RecordState.COMPLETED or p.state != RecordState.COMPLETED:
                     p.state = new
         states = {p.state for p in rec.p2p}
-        state = COMPLETED if states == {COMPLETED} else WAITING if WAITING in states else ENTERED
+        state = RecordState.COMPLETED if states == {RecordState.COMPLETED} else RecordState.WAITING if RecordState.WAITING in states else RecordState.ENTERED
     else:
-        state = new if new == COMPLETED or rec.state != COMPLETED else COMPLETED
-    if state == COMPLETED and rec.state != COMPLETED:
+        state = new if new == RecordState.COMPLETED or rec.state != RecordState.COMPLETED else RecordState.COMPLETED
+    if state == RecordState.COMPLETED and rec.state != RecordState.COMPLETED:
         rec.duration = max(0.0, t - rec.t_start)
     rec.state = state
 
@@ -114,7 +115,7 @@ def parse_journal(text: str, rank: int) -> list[CollectiveRecord]:
                     rank=rank, pg=fields[1], seq=int(fields[2]), op=fields[3],
                     async_op=fields[4] == "1", t_start=float(fields[5]), shapes=fields[6],
                     dtype=fields[7], fr_seq=int(fields[8]) if fields[8] not in ("", "None") else None,
-                    site=fields[9], state=ENTERED)
+                    site=fields[9], state=RecordState.ENTERED)
                 if len(fields) > 10 and fields[10]:
                     _apply_args(rec, fields[10])
                 records.append(rec)
@@ -166,7 +167,7 @@ class JournalTail:
                         rank=self.rank, pg=fields[1], seq=int(fields[2]), op=fields[3],
                         async_op=fields[4] == "1", t_start=float(fields[5]), shapes=fields[6],
                         dtype=fields[7], fr_seq=int(fields[8]) if fields[8] not in ("", "None") else None,
-                        site=fields[9], state=ENTERED)
+                        site=fields[9], state=RecordState.ENTERED)
                     new.append(rec)
                     self.by_key[(rec.pg, rec.seq)] = rec
                 elif kind in ("W", "C", "R") and len(fields) >= 4:
@@ -176,10 +177,10 @@ class JournalTail:
                     if kind == "R":
                         rec.fr_seq_end = int(fields[3])
                     elif kind == "W":
-                        if rec.state != COMPLETED:
-                            rec.state = WAITING
+                        if rec.state != RecordState.COMPLETED:
+                            rec.state = RecordState.WAITING
                     else:
-                        rec.state = COMPLETED
+                        rec.state = RecordState.COMPLETED
                         rec.duration = max(0.0, float(fields[3]) - rec.t_start)
             except ValueError:
                 continue

@@ -12,12 +12,11 @@ import sys
 import threading
 import traceback
 
-from .protocol import Status
+from ..core.sites import is_ours
+from ..core.states import RankState
 
 THREAD_PREFIX = "pytest-nccl-"      # our own threads (reader, watchdog, decider): never shown
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_TESTING_DIR = _PKG_DIR + "testing" + os.sep
-_TRACER = _PKG_DIR + "tracer.py"
+_TRACER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tracer.py")
 
 
 def _harness_dirs() -> tuple:
@@ -32,7 +31,7 @@ def _harness_dirs() -> tuple:
 def is_harness(path: str) -> bool:
     """pytest's, pluggy's, the interpreter's start-up or ours (pytest_nccl.testing is the user's)."""
     return (any(d in path for d in _harness_dirs()) or path.startswith("<") or path.endswith(os.sep + "runpy.py")
-            or (path.startswith(_PKG_DIR) and not path.startswith(_TESTING_DIR)))
+            or is_ours(path))
 
 
 def harness_sites_stripped(records: list) -> list:
@@ -86,14 +85,14 @@ def format_exception(exc: BaseException, drop: tuple = (), cut_to_user: bool = F
 
 # -- how a test body that raised ends, the same in a forked rank and in SPMD mode -------------------
 
-def _classify(exc: BaseException) -> Status:
+def _classify(exc: BaseException) -> RankState:
     # pytest's outcome exceptions, recognized by name so that a rank never needs pytest imported
     name = type(exc).__name__
     if name == "Skipped":
-        return Status.SKIPPED
+        return RankState.SKIPPED
     if name == "XFailed":
-        return Status.XFAILED
-    return Status.FAILED
+        return RankState.XFAILED
+    return RankState.FAILED
 
 
 def exit_like_os_exit(exc: SystemExit):
@@ -104,11 +103,11 @@ def exit_like_os_exit(exc: SystemExit):
     os._exit(code)
 
 
-def describe_exception(exc: BaseException, format_exc) -> tuple[Status, str, str, str]:
+def describe_exception(exc: BaseException, format_exc) -> tuple[RankState, str, str, str]:
     """(status, exception type, traceback text, one-line message) of a test body that raised."""
     status, exc_type = _classify(exc), type(exc).__name__
-    exc_text = format_exc(exc) if status == Status.FAILED else ""
+    exc_text = format_exc(exc) if status == RankState.FAILED else ""
     message = (str(getattr(exc, "msg", "")) or str(exc)).strip().split("\n")[0][:300]
-    if status == Status.FAILED:
+    if status == RankState.FAILED:
         message = f"{exc_type}: {message}" if message else exc_type
     return status, exc_type, exc_text, message

@@ -4,7 +4,11 @@ diverging position highlighted, the headline on top, a rank's message and stack 
 
 Pure: built from the ``RankView``s and the ``Diagnosis`` the report already holds, after the call.
 The page has no network access, scripts or fonts from elsewhere: inline CSS and JavaScript
-(``swimlane_page``), the data as JSON in the page. It draws on a canvas, only what is in view, and
+(``swimlane.html``, the template beside this module), the data as JSON in the page. The script draws
+on a canvas the size of the view, only the columns and lanes in view, again on scroll. Once it has
+drawn, it sets on ``<body>``: ``data-drawn``, ``data-diverging-drawn="group#seq"`` (when the
+diagnosed position was painted), ``data-render-ms`` (``performance.now()`` at the end of the first
+draw), and ``data-error`` on any script error. It draws on a canvas, only what is in view, and
 folds runs of positions where every member agrees into one "N collectives agree" band (a click
 unfolds it), so 64 ranks and 10,000 collectives render in well under 2 s (docs/views.md).
 
@@ -15,11 +19,16 @@ per group and position the kind every member has (``same``), or per member where
 
 from __future__ import annotations
 
+import functools
+import importlib.resources
 import json
 
-from .diagnose import Diagnosis, members_of, short_path
-from .records import P2P_OPS, CollectiveRecord, RankState, RankView
-from .swimlane_page import PAGE
+from ..core.diagnosis import Diagnosis
+from ..core.groups import members_of
+from ..core.sites import short_path
+from ..core.ops import P2P_OPS
+from ..core.records import CollectiveRecord, RankView
+from ..core.states import RankState
 from .timeline import position_of
 
 PLACEHOLDER = "__NCCL_DATA__"
@@ -131,8 +140,15 @@ def swimlane_html(nodeid: str, ranks: list[RankView], diagnosis: Diagnosis | Non
     # inside <script>: no "</script>" or "<!--" can appear once every "<" is escaped
     text = json.dumps(data, separators=(",", ":")).replace("<", "\\u003c")
     title = (diagnosis.kind + ": " if diagnosis is not None else "") + nodeid
-    return PAGE.replace("__NCCL_TITLE__", _html_escape(title)).replace(PLACEHOLDER, text, 1)
+    return _page().replace("__NCCL_TITLE__", _html_escape(title)).replace(PLACEHOLDER, text, 1)
 
 
 def _html_escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+
+
+@functools.cache
+def _page() -> str:
+    """The page's HTML, CSS and JavaScript (``swimlane.html``, beside this module: one file, nothing
+    fetched)."""
+    return (importlib.resources.files(__package__) / "swimlane.html").read_text(encoding="utf-8")

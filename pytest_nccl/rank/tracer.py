@@ -21,8 +21,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from .journal import JournalWriter
-from .records import P2P_OPS, REDUCING_OPS, ROOT_ARG, SHAPE_MATCHED_OPS, SPLIT_OPS, rank_ranges
+from ..core.journal import JournalWriter
+from ..core.sites import is_ours
+from ..core.groups import rank_ranges
+from ..core.ops import P2P_OPS, REDUCING_OPS, ROOT_ARG, SHAPE_MATCHED_OPS, SPLIT_OPS
 
 # For each op: the parameter holding the tensor(s) this rank contributes (what must agree across
 # ranks). Group and async_op positions are read from the real signature at install time, so the
@@ -47,8 +49,6 @@ COMPOSITE = frozenset({"all_gather_object", "broadcast_object_list", "gather_obj
                        "all_gather_coalesced", "all_reduce_coalesced", "monitored_barrier"})
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_TESTING_DIR = _PKG_DIR + "testing" + os.sep
 # Thin communication shims whose frames say nothing about who issued the collective.
 _SHIM_MARKERS = (os.sep + "deepspeed" + os.sep + "comm" + os.sep,
                  os.sep + os.path.join("deepspeed", "utils", "nvtx.py"),  # instrument_w_nvtx
@@ -85,8 +85,8 @@ def _is_internal(code) -> bool:
     internal = _internal_code.get(code)
     if internal is None:
         fn = code.co_filename
-        internal = (fn.startswith(_TORCH_DIR) or (fn.startswith(_PKG_DIR) and not fn.startswith(_TESTING_DIR))
-                    or fn.startswith("<") or any(m in fn for m in _SHIM_MARKERS))
+        internal = (fn.startswith(_TORCH_DIR) or is_ours(fn) or fn.startswith("<")
+                    or any(m in fn for m in _SHIM_MARKERS))
         _internal_code[code] = internal
     return internal
 

@@ -183,7 +183,7 @@ def result_from_report(report: Any) -> TestResult | None:
 
 
 def _crash(report: Any) -> str | None:
-    from .exitcodes import crash_line
+    from ..exitcodes import crash_line
 
     line = crash_line(getattr(report, "longrepr", None))
     return line or None

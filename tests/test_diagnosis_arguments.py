@@ -1,4 +1,4 @@
-"""Diagnosis v2 (issue 12): every argument the ranks must agree on, point-to-point pairing, certain
+"""The diagnosis of the arguments the ranks must agree on (issue 12): every argument the ranks must agree on, point-to-point pairing, certain
 deadlocks failed fast and blamed by issue order, the user's group names, gloo's own size checks,
 headlines that stay short at world 64.
 
@@ -13,12 +13,22 @@ import re
 import xml.etree.ElementTree as ET
 
 import pytest
-
+from collective_records import record, view
 from conftest import line_of, run_inner_once
-from pytest_nccl.diagnose import diagnose
-from pytest_nccl.journal import parse_journal
-from pytest_nccl.records import P2P, CollectiveRecord, RankState, RankView, digests_agree, members_of, rank_ranges
-from pytest_nccl.referee import TIMING, Reason, Referee, deadlocked, stuck_on_mismatch, waits_for_a_finished_rank
+
+from pytest_nccl.core.agreement import digests_agree
+from pytest_nccl.core.diagnosis import diagnose
+from pytest_nccl.core.groups import members_of, rank_ranges
+from pytest_nccl.core.journal import parse_journal
+from pytest_nccl.core.records import P2P, CollectiveRecord, RankView
+from pytest_nccl.core.referee import (
+    TIMING,
+    Referee,
+    deadlocked,
+    stuck_on_mismatch,
+    waits_for_a_finished_rank,
+)
+from pytest_nccl.core.states import RankState, Reason
 
 S = "/w/test_x.py"
 
@@ -26,18 +36,13 @@ S = "/w/test_x.py"
 def rec(rank, seq, op="all_reduce", shapes="[4]", state="completed", pg="default", line=5, **kw):
     if op in ("all_reduce", "reduce_scatter_tensor") and "reduce_op" not in kw:
         kw["reduce_op"] = "SUM"
-    return CollectiveRecord(rank=rank, pg=pg, seq=seq, op=op, shapes=shapes, dtype="float32" if shapes else "",
-                            state=state, site=f"{S}:{line}", t_start=0.001 * seq, **kw)
+    return record(rank, seq, op, shapes, state, pg, dtype="float32" if shapes else "", site=f"{S}:{line}",
+                  t=0.001 * seq, **kw)
 
 
 def p2p(rank, seq, op, *transfers, state="entered", line=5):
-    return CollectiveRecord(rank=rank, pg="default:p2p", seq=seq, op=op, shapes="[2]", dtype="float32",
-                            async_op=op in ("isend", "irecv", "batch_isend_irecv"), state=state,
-                            site=f"{S}:{line}", p2p=list(transfers))
-
-
-def view(rank, status, records, **kw):
-    return RankView(rank=rank, status=RankState(status), records=records, **kw)
+    return record(rank, seq, op, "[2]", state, "default:p2p", site=f"{S}:{line}",
+                  async_op=op in ("isend", "irecv", "batch_isend_irecv"), p2p=list(transfers))
 
 
 def waiting(*transfers_states):
@@ -367,7 +372,7 @@ def test_zz_agreeing_arguments_pass(rank):
 
 @pytest.mark.nccl(world=4)
 def test_zz_groups_are_named_as_the_user_named_them(rank):
-    from pytest_nccl.tracer import pg_label
+    from pytest_nccl.rank.tracer import pg_label
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     weights, plain = dist.new_group([0, 1, 2, 3], group_desc="weights"), dist.new_group([0, 1, 2, 3])
     tp = "0,1" if rank < 2 else "2,3"

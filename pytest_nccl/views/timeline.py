@@ -21,8 +21,10 @@ from __future__ import annotations
 import json
 import platform
 
-from .diagnose import Diagnosis, short_path
-from .records import CollectiveRecord, RankState, RankView
+from ..core.diagnosis import Diagnosis
+from ..core.sites import short_path
+from ..core.records import CollectiveRecord, RankView
+from ..core.states import RankState
 
 US = 1_000_000
 CATEGORY = "collective"

@@ -1,7 +1,7 @@
 """Rank side: the main loop of one rank process, forked from the fork server (``zygote.py``).
 
 Like xdist's ``remote.py`` it imports nothing of the controller side: only torch, the standard
-library and the rank-side modules (protocol, journal, tracer). It sets the environment as torchrun
+library and the rank side (``core``'s messages and journal format, the tracer). It sets the environment as torchrun
 would, creates the process group itself with the test's bound as timeout (so accelerate,
 transformers and DeepSpeed reuse it instead of waiting 30 minutes), then runs calls until told to
 exit. A reader thread answers "dump" requests (stacks of all threads, Flight Recorder) while the
@@ -25,8 +25,12 @@ import time
 import types
 from multiprocessing.connection import Connection
 
-from . import protocol, tracer
-from .protocol import Call, Outcome
+from ..core.agreement import Digest
+from ..core.messages import (Call, CallDone, CallKind, Dump, DumpRequest, Hello, Joined, RankSpec, RunCall,
+                             SetupFailed)
+from ..core.reports import RankReport
+from ..core.states import RankState
+from . import tracer
 from .stacks import describe_exception, exit_like_os_exit, format_exception, format_stacks
 
 _send_lock = threading.Lock()
@@ -38,16 +42,17 @@ def _send(conn: Connection, msg) -> None:
 
 
 def _reader(conn: Connection, calls: queue.Queue, rank: int) -> None:
+    """Answers dump requests at once (the main thread may be stuck in a collective); calls go to the
+    main thread."""
     while True:
         try:
             msg = conn.recv()
         except (EOFError, OSError):
             os._exit(70)  # the controller is gone: a rank must never outlive it
-        if msg[0] == "dump":
-            _send(conn, ("dump", rank, format_stacks(), tracer.flight_recorder_json(),
-                         tracer.flight_recorder_pickle()))
-        else:
-            calls.put(msg)
+        if isinstance(msg, DumpRequest):
+            _send(conn, Dump(rank, format_stacks(), tracer.flight_recorder_json(), tracer.flight_recorder_pickle()))
+        elif isinstance(msg, RunCall):
+            calls.put(msg.call)
 
 
 def load_module(name: str, path: str):
@@ -113,7 +118,7 @@ def _rank_fixtures(names, rank: int) -> dict:
     return {name: values[name] for name in names}
 
 
-def run_call(call: Call, rank: int) -> Outcome:
+def run_call(call: Call, rank: int) -> RankReport:
     import torch.distributed as dist
     start = time.perf_counter()
     try:
@@ -121,13 +126,13 @@ def run_call(call: Call, rank: int) -> Outcome:
         args, kwargs = pickle.loads(call.payload) if call.payload else ((), {})
         kwargs.update(_rank_fixtures(call.rank_args, rank))
     except BaseException as exc:
-        return Outcome(call.call_id, rank, protocol.Status.ERROR, exc_type=type(exc).__name__,
-                       exc_text=_format_exception(exc),
-                       message=f"cannot load {call.module}.{call.qualname} in rank {rank}: "
-                               f"{type(exc).__name__}: {exc}", unloadable=True)
+        return RankReport(rank, RankState.ERROR, call_id=call.call_id, exc_type=type(exc).__name__,
+                          exc_text=_format_exception(exc), digest={}, ended=time.time(), unloadable=True,
+                          message=f"cannot load {call.module}.{call.qualname} in rank {rank}: "
+                                  f"{type(exc).__name__}: {exc}")
     if call.trace:
         tracer.start(os.path.join(call.journal_dir, f"journal-{rank}.txt"))
-    status, value, exc_type, exc_text, message = protocol.Status.PASSED, None, "", "", ""
+    status, value, exc_type, exc_text, message = RankState.PASSED, None, "", "", ""
     try:
         value = fn(*args, **kwargs)
     except SystemExit as exc:
@@ -137,34 +142,34 @@ def run_call(call: Call, rank: int) -> Outcome:
     finally:
         digest, dangling = tracer.stop() if call.trace else ({}, 0)
     payload = b""
-    if call.kind == protocol.KIND_FUNCTION and status == protocol.Status.PASSED:
+    if call.kind == CallKind.FUNCTION and status == RankState.PASSED:
         try:
             payload = pickle.dumps(value)
         except Exception as exc:
-            status, exc_type = protocol.Status.ERROR, type(exc).__name__
+            status, exc_type = RankState.ERROR, type(exc).__name__
             message = (f"rank {rank} returned a value that cannot be pickled "
                        f"({type(value).__name__}): {type(exc).__name__}: {exc}")
-    return Outcome(call.call_id, rank, status, value=payload, exc_type=exc_type, exc_text=exc_text,
-                   message=message, digest=digest, dangling=dangling, initialized=dist.is_initialized(),
-                   duration=time.perf_counter() - start)
+    return RankReport(rank, status, call_id=call.call_id, value=payload, exc_type=exc_type, exc_text=exc_text,
+                      message=message, digest={pg: Digest(*d) for pg, d in digest.items()}, dangling=dangling,
+                      initialized=dist.is_initialized(), ended=time.time(), duration=time.perf_counter() - start)
 
 
-def set_environment(spec: dict) -> None:
-    rank = spec["rank"]
+def set_environment(spec: RankSpec) -> None:
+    rank = spec.rank
     os.environ.update({
-        "RANK": str(rank), "LOCAL_RANK": str(spec["local_rank"]), "WORLD_SIZE": str(spec["world"]),
-        "LOCAL_WORLD_SIZE": str(spec["local_world"]), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
-        "MASTER_ADDR": spec["master_addr"], "MASTER_PORT": str(spec["master_port"]),
-        "TORCHELASTIC_RUN_ID": spec.get("run_id", "pytest-nccl"),
+        "RANK": str(rank), "LOCAL_RANK": str(spec.local_rank), "WORLD_SIZE": str(spec.world),
+        "LOCAL_WORLD_SIZE": str(spec.local_world), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+        "MASTER_ADDR": spec.master_addr, "MASTER_PORT": str(spec.master_port),
+        "TORCHELASTIC_RUN_ID": spec.run_id,
     })
-    os.environ.update(spec.get("env", {}))
+    os.environ.update(spec.env)
 
 
-def main(spec: dict, prepare=None) -> None:
+def main(spec: RankSpec, prepare=None) -> None:
     """Entry point in the forked (or spawned) child. Never returns. ``prepare``: what a spawned rank
     imports before joining (a forked one has it from the fork server)."""
-    rank = spec["rank"]
-    out_fd = os.open(spec["output_path"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+    rank = spec.rank
+    out_fd = os.open(spec.output_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
     os.dup2(out_fd, 1)
     os.dup2(out_fd, 2)
     os.close(out_fd)
@@ -173,7 +178,7 @@ def main(spec: dict, prepare=None) -> None:
             stream.reconfigure(write_through=True)
         except Exception:
             pass
-    stack_file = open(spec["stack_path"], "w")
+    stack_file = open(spec.stack_path, "w")
     faulthandler.enable(file=stack_file, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     set_environment(spec)
@@ -181,33 +186,31 @@ def main(spec: dict, prepare=None) -> None:
         prepare()
 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(spec["control_path"])
+    sock.connect(spec.control_path)
     conn = Connection(sock.detach())
-    _send(conn, ("hello", rank, os.getpid()))
+    _send(conn, Hello(rank, os.getpid()))
 
     import torch
     import torch.distributed as dist
     try:
-        timeout = datetime.timedelta(seconds=spec["pg_timeout"])
-        store = dist.FileStore(spec["store_path"], spec["world"])
+        timeout = datetime.timedelta(seconds=spec.pg_timeout)
+        store = dist.FileStore(spec.store_path, spec.world)
         kwargs = {}
-        if spec["backend"] == "nccl":
-            torch.cuda.set_device(spec["local_rank"])
-            kwargs["device_id"] = torch.device("cuda", spec["local_rank"])
-        dist.init_process_group(spec["backend"], store=store, rank=rank, world_size=spec["world"],
+        if spec.backend == "nccl":
+            torch.cuda.set_device(spec.local_rank)
+            kwargs["device_id"] = torch.device("cuda", spec.local_rank)
+        dist.init_process_group(spec.backend, store=store, rank=rank, world_size=spec.world,
                                 timeout=timeout, **kwargs)
     except BaseException as exc:
-        _send(conn, ("setup-error", rank, f"{type(exc).__name__}: {exc}"))
+        _send(conn, SetupFailed(rank, f"{type(exc).__name__}: {exc}"))
         os._exit(71)
-    _send(conn, ("joined", rank))
+    _send(conn, Joined(rank))
 
     calls: queue.Queue = queue.Queue()
     threading.Thread(target=_reader, args=(conn, calls, rank), name="pytest-nccl-reader",
                      daemon=True).start()
     while True:
-        msg = calls.get()
-        if msg[0] == "call":
-            outcome = run_call(msg[1], rank)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            _send(conn, ("outcome", outcome))
+        report = run_call(calls.get(), rank)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _send(conn, CallDone(report))

@@ -1,0 +1,199 @@
+"""Pure analysis: per-rank records and outcomes -> the first divergence and a one-line headline.
+
+No torch, no processes (like torch's flight_recorder ``builder.py`` / ``utils.py``): everything here
+is tested on hand-written data. The controller calls ``diagnose(ranks, reason, bound)``. What it
+finds, in order (docs/diagnosis.md shows each with its headline):
+
+1. an argument the ranks disagree on at the same position of a group: op, dtype, shape, root, reduce
+   op, split sizes (``first_divergence``);
+2. a rank that left, raised or died while others wait for it;
+3. a certain deadlock (``waits.stuck_ranks``): point-to-point transfers that can never pair, or
+   ranks blocked in collectives of different groups, each waiting for the other; blame goes by
+   issue order, never by timing or by the order the journals were read;
+4. a slow rank, a true hang, a timeout outside any collective.
+
+Headlines group ranks that share a view ("ranks 0-14 all_reduce, rank 15 barrier").
+"""
+
+from __future__ import annotations
+
+from ..agreement import split_disagreement
+from ..records import RankView
+from ..sites import headline_site, rendezvous_at, stack_top
+from ..states import Kind, RankState, Reason
+from ..waits import stuck_ranks
+from .deadlock import deadlock_diagnosis
+from .divergence import PEER_GONE, first_divergence, gloo_disagreement
+from .findings import Diagnosis, Divergence
+from .wording import brief, grouped, rank_list, seconds, state_of, waiting_summary, where
+
+
+def diagnose(ranks: list[RankView], reason: Reason, bound: float) -> Diagnosis | None:
+    """``reason``: "completed" (every rank finished), "decided" (a rule found the outcome), "timeout"
+    (the bound was hit). Returns None for a clean pass. The same views give the same diagnosis
+    whatever their order."""
+    ranks = sorted(ranks, key=lambda v: v.rank)
+    div = first_divergence(ranks)
+    failed = [v for v in ranks if v.status == RankState.FAILED]
+    dead = [v for v in ranks if v.status == RankState.DEAD]
+    running = [v for v in ranks if v.status == RankState.RUNNING]
+
+    if div is not None and div.kind != Kind.RANK_LEFT:
+        return _mismatch(div, ranks)
+    views = {v.rank: v for v in ranks}
+    if div is not None and _left_first(div, views).finished:
+        return _absent(div, views, reason, bound)
+    said = [(v, found) for v in dead + failed for found in [gloo_disagreement(v.output + "\n" + v.message)] if found]
+    if said:
+        # no records that show it (trace off, or the rank died before writing), but gloo said it
+        victim, (kind, line) = min(said, key=lambda item: item[0].rank)
+        what = victim.exit_description if victim.status == RankState.DEAD else "raised it"
+        return Diagnosis(kind, f"{kind.replace('-', ' ')} in a collective (gloo on rank {victim.rank}: "
+                         f"{brief(line, 120)}); rank {victim.rank} {what}{waiting_summary(ranks)}", [victim.rank])
+    if dead:
+        first = min(dead, key=lambda v: (len(v.records), v.rank))  # the earliest in issue order, not in time
+        rest = {v.rank: v.exit_description for v in dead if v is not first}
+        also = f"; also {grouped(rest)}" if rest else ""
+        return Diagnosis(Kind.DIED, f"{rank_list([first.rank])} {first.exit_description}{also}"
+                         f"{waiting_summary(ranks)}", [first.rank])
+    if failed:
+        return _raised(failed, ranks)
+    stuck = stuck_ranks(views)
+    if stuck:
+        return deadlock_diagnosis(stuck, views)
+    if div is not None:
+        return _absent(div, views, reason, bound)
+    if running:
+        inside = [v for v in running if v.current is not None]
+        if inside and len(inside) == len(running) and len({(v.current.pg, v.current.seq) for v in inside}) == 1:
+            rec = inside[0].current
+            every = "every rank is" if len(running) == len(ranks) else f"{rank_list([v.rank for v in running])} are"
+            return Diagnosis(Kind.HANG, f"{every} inside {where(rec)} and none completed within the "
+                             f"{seconds(bound)} s bound (a transport or peer problem: all ranks entered it)",
+                             [v.rank for v in running], rec.pg, rec.seq)
+        busy = [v for v in running if v.current is None]
+        if busy and inside:
+            return _slow(busy, inside, bound)
+        tops = grouped({v.rank: "at " + (stack_top(v.stack) or "unknown") for v in running}, 2)
+        return Diagnosis(Kind.TIMEOUT, f"the test exceeded its {seconds(bound)} s bound outside any collective "
+                         f"({tops})", [v.rank for v in running])
+    statuses = {v.status for v in ranks}
+    if RankState.SKIPPED in statuses and len(statuses) > 1:
+        skipped = [v.rank for v in ranks if v.status == RankState.SKIPPED]
+        others = [v.rank for v in ranks if v.status != RankState.SKIPPED]
+        return Diagnosis(Kind.SKIP_MISMATCH, f"pytest.skip was called on {rank_list(skipped)} only "
+                         f"({views[skipped[0]].message}); {rank_list(others)} did not skip: "
+                         "skip on every rank or on none", skipped)
+    return None
+
+
+def _raised(failed: list[RankView], ranks: list[RankView]) -> Diagnosis:
+    by_message: dict[str, list[int]] = {}
+    for v in failed:
+        by_message.setdefault(v.message or v.exc_type, []).append(v.rank)
+    parts = [f"{rank_list(rs)} raised {brief(msg, 160)}" for msg, rs in by_message.items()]
+    more = f"; {len(parts) - 2} more different errors" if len(parts) > 3 else ""
+    return Diagnosis(Kind.RAISED, "; ".join(parts[:3] if not more else parts[:2]) + more + waiting_summary(ranks),
+                     [v.rank for v in failed])
+
+
+def _consequence(view: RankView) -> str:
+    if view.status == RankState.DEAD:
+        return f"rank {view.rank} {view.exit_description} inside it"
+    found = gloo_disagreement(view.message)
+    if found:  # gloo's own check of the same disagreement, in its words
+        return f"gloo rejected it on rank {view.rank} ({found[1].strip().rstrip('.')})"
+    return f"rank {view.rank} raised {brief(view.message)}"
+
+
+def _mismatch(div: Divergence, ranks: list[RankView]) -> Diagnosis:
+    recs, pos = div.records, f"#{div.seq} of group {div.pg}"
+    first = next(iter(recs.values()))
+    odd: list[int] = []
+    if div.kind == Kind.OP_MISMATCH:
+        what = f"op mismatch at collective {pos}: {grouped({r: rec.op for r, rec in recs.items()})}"
+    elif div.kind == Kind.SPLIT_MISMATCH:
+        pairs = split_disagreement(recs, div.pg, len(ranks))
+        sender, receiver, sent, expected = pairs[0]
+        to = "itself" if sender == receiver else f"rank {receiver}"
+        more = f", and {len(pairs) - 1} more pair{'s' if len(pairs) > 2 else ''}" if len(pairs) > 1 else ""
+        what = f"split mismatch in {first.op} {pos}: rank {sender} sends {sent} to {to}, which expects {expected}{more}"
+        odd = sorted({p[0] for p in pairs})
+    else:
+        name, value = {Kind.DTYPE_MISMATCH: ("dtype", lambda rec: rec.dtype or "?"),
+                       Kind.SHAPE_MISMATCH: ("shape", lambda rec: rec.shapes or "?"),
+                       Kind.ROOT_MISMATCH: ("root", lambda rec: rec.root_text),
+                       Kind.REDUCE_OP_MISMATCH: ("reduce-op", lambda rec: rec.reduce_op)}[div.kind]
+        what = f"{name} mismatch in {first.op} {pos}: {grouped({r: value(rec) for r, rec in recs.items()})}"
+    site = headline_site(first.site)
+    if site:
+        what += f" (from {site})"
+    views = {v.rank: v for v in ranks}
+    died = any(views[r].status == RankState.DEAD for r in recs)
+    consequences = [_consequence(views[r]) for r in recs if views[r].status == RankState.DEAD or (
+        views[r].status == RankState.FAILED and not (died and any(m in views[r].message for m in PEER_GONE)))]
+    if len(consequences) > 2:
+        consequences = consequences[:2] + [f"{len(consequences) - 2} more ranks failed"]
+    if div.absent:
+        consequences.append(f"{rank_list(div.absent)} never entered it")
+    if not consequences and all(not rec.pending for rec in recs.values()):
+        consequences.append("the backend completed it without an error: its result is wrong")
+    if consequences:
+        what += "; " + "; ".join(consequences)
+    if not odd:  # the rank(s) whose value differs from the majority
+        values: dict = {}
+        for r, rec in recs.items():
+            values.setdefault(rec.signature, []).append(r)
+        odd = min(values.values(), key=len) if len(values) > 1 else []
+    return Diagnosis(div.kind, what, sorted(odd), div.pg, div.seq, div)
+
+
+_LEAVING = {RankState.DEAD: 0, RankState.FAILED: 1}
+
+
+def _left_first(div: Divergence, views: dict) -> RankView:
+    """The absent member that explains the divergence: the one that stopped earliest in the group
+    (fewest collectives there), a dead or failed one before one that left cleanly, then the lowest."""
+    return min((views[r] for r in div.absent),
+               key=lambda v: (not v.finished, len(v.records_in(div.pg)), _LEAVING.get(v.status, 2), v.rank))
+
+
+def _absent(div: Divergence, views: dict, reason: Reason, bound: float) -> Diagnosis:
+    rec = div.records[min(div.records)]
+    absent = [views[r] for r in div.absent]
+    first = _left_first(div, views)
+    state = state_of(first, div.pg)
+    same = [v.rank for v in absent if state_of(v, div.pg) == state]  # ranks 1,2 both left alike
+    waiting = sorted(div.records)
+    verb = "wait" if len(waiting) > 1 else "waits"
+    if reason == Reason.TIMEOUT and first.status == RankState.RUNNING:
+        verb = "waited" + f" for the whole {seconds(bound)} s bound"
+    headline = f"{rank_list(same)} {state}; {rank_list(waiting)} {verb} in {where(rec)}"
+    others = [v for v in absent if v.rank not in same]
+    if len(others) == 1:
+        headline += f"; also rank {others[0].rank} {state_of(others[0], div.pg)}"
+    elif others:
+        states = {"died" if v.status == RankState.DEAD else "raised" if v.status == RankState.FAILED else
+                  "left the test" if v.finished else "are elsewhere" for v in others}
+        headline += f"; also {rank_list([v.rank for v in others])} {' or '.join(sorted(states))}"
+    if first.status == RankState.DEAD:
+        kind = Kind.DIED
+    elif first.status == RankState.FAILED:
+        kind = Kind.RAISED
+    elif first.status == RankState.RUNNING:
+        kind = Kind.GROUP_MISMATCH if first.current is not None else Kind.SLOW_RANK
+        if kind == Kind.SLOW_RANK and rendezvous_at(first.stack):
+            kind = Kind.RENDEZVOUS
+        elif kind == Kind.SLOW_RANK:
+            headline = "slow rank: " + headline
+    else:
+        kind = Kind.RANK_LEFT
+    return Diagnosis(kind, headline, [first.rank], div.pg, div.seq, div)
+
+
+def _slow(busy: list[RankView], inside: list[RankView], bound: float) -> Diagnosis:
+    rec = inside[0].current
+    tops = grouped({v.rank: "at " + (stack_top(v.stack) or "unknown") for v in busy}, 2)
+    return Diagnosis(Kind.SLOW_RANK, f"slow rank: {rank_list([v.rank for v in busy])} busy outside any "
+                     f"collective ({tops}); {rank_list([v.rank for v in inside])} waited for the whole "
+                     f"{seconds(bound)} s bound in {where(rec)}", [v.rank for v in busy], rec.pg, rec.seq)

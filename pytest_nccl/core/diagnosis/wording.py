@@ -1,0 +1,96 @@
+"""How a headline reads: rank lists ("ranks 0-14,16"), ranks grouped by value, a position ("all_reduce
+#3 of group tp[2,3] from x.py:5"), where a rank is instead, and durations for people."""
+
+from __future__ import annotations
+
+from ..groups import rank_ranges
+from ..records import CollectiveRecord, RankView
+from ..sites import headline_site, rendezvous_at, stack_top
+from ..states import RankState, Source
+
+
+def seconds(value: float) -> str:
+    """A duration in a headline, rounded for people: 120 -> '120', 2.87518 -> '2.9'."""
+    return f"{round(value, 1):g}"
+
+
+SHOWN_VALUES = 3   # distinct values a headline lists before "and N more"
+HEADLINE_WIDTH = 200  # a headline adds optional detail (a second p2p side, a site) only while shorter
+def brief(message: str, limit: int = 100) -> str:
+    """An exception line without gloo's source location prefix, cut to ``limit`` characters."""
+    if message.count("[") and "] " in message and (".cc:" in message or ".cpp:" in message):
+        head, _, rest = message.partition("[")
+        message = head + rest.split("] ", 1)[-1]
+    return message if len(message) <= limit else message[: limit - 3] + "..."
+
+
+def rank_list(ranks) -> str:
+    """'rank 3', 'ranks 0-14,16'; a list that would not be short: '32 ranks (0,2,...,62)'."""
+    ranks = sorted(set(ranks))
+    text = rank_ranges(ranks)
+    if len(text) > 30:
+        return f"{len(ranks)} ranks ({ranks[0]},{ranks[1]},...,{ranks[-1]})"
+    return ("rank " if len(ranks) == 1 else "ranks ") + text
+
+
+def few(ranks) -> str:
+    """A rank list for a side note: '62 ranks' when it would not be short."""
+    text = rank_list(ranks)
+    return text if len(text) <= 24 else f"{len(set(ranks))} ranks"
+
+
+def grouped(values: dict[int, str], limit: int = SHOWN_VALUES) -> str:
+    """'ranks 0-14 SUM, rank 15 MAX': ranks with the same value together, in rank order."""
+    by_value: dict[str, list[int]] = {}
+    for r, value in sorted(values.items()):
+        by_value.setdefault(value, []).append(r)
+    parts = [f"{rank_list(rs)} {value}" for value, rs in by_value.items()]
+    more = len(parts) - limit
+    return ", ".join(parts[:limit]) + (f" and {more} more value{'s' if more > 1 else ''}" if more > 0 else "")
+
+
+def where(rec: CollectiveRecord, transfer=None) -> str:
+    """'all_reduce #3 of group tp[2,3] from x.py:5', 'recv(src=0, tag=2) from x.py:9': a position in a
+    headline (a point-to-point record by the ``transfer`` it waits on)."""
+    site = headline_site(rec.site)
+    if rec.source == Source.FLIGHT_RECORDER:
+        origin = " (issued from C++, seen by the Flight Recorder)"
+    else:
+        origin = f" from {site}" if site else ""
+    if rec.p2p:
+        group = rec.pg.removesuffix(":p2p")
+        transfer = transfer or (rec.blocking_p2p() or rec.p2p)[0]
+        return f"{transfer.call(rec.op)}{'' if group == 'default' else ' in group ' + group}{origin}"
+    return f"{rec.op} #{rec.seq} of group {rec.pg}{origin}"
+
+
+def state_of(view: RankView, pg: str) -> str:
+    """Why this rank is not in the collective the others wait in."""
+    count = len(view.records_in(pg))
+    after = f"after {count} collective{'s' if count != 1 else ''} in group {pg}"
+    if view.status == RankState.DEAD:
+        return f"{view.exit_description} {after}"
+    if view.status == RankState.FAILED:
+        return f"raised {brief(view.message or view.exc_type)} {after}"
+    if view.status in (RankState.PASSED, RankState.SKIPPED, RankState.XFAILED):
+        return f"left the test ({view.status}) {after}"
+    cur = view.current
+    if cur is not None and cur.pg != pg:
+        return f"waits in {where(cur)} instead, {after}"
+    if view.status == RankState.NOT_STARTED:
+        return f"never started this test, {after}"
+    rendezvous = rendezvous_at(view.stack)
+    if rendezvous:
+        return f"waits in a rendezvous at {rendezvous} that a member of the new group never joined, {after}"
+    top = stack_top(view.stack)
+    return f"is busy outside any collective{' at ' + top if top else ''}, {after}"
+
+
+def waiting_summary(views: list[RankView]) -> str:
+    """'; ranks 0,1 wait in X; rank 3 waits in Y': running ranks grouped by where they wait."""
+    at: dict[str, list[int]] = {}
+    for v in views:
+        if v.status == RankState.RUNNING and v.current is not None:
+            at.setdefault(where(v.current), []).append(v.rank)
+    parts = [f"{rank_list(rs)} wait{'s' if len(rs) == 1 else ''} in {pos}" for pos, rs in list(at.items())[:2]]
+    return "".join("; " + p for p in parts)

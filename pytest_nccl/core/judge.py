@@ -1,0 +1,75 @@
+"""The judge: every transport's one call once the referee stopped watching. From the ranks' reports
+(and, only when the call is not clean, their journals) to the views and the diagnosis.
+
+- ``judge``: clean (every rank finished the same clean way and every group's members issued the same
+  collectives, by the digests: no journal read for a clean pass), or the diagnosis;
+- ``settled``: once decided, whether the ranks still running all wait in a collective (nothing more
+  will come), or one may still finish and should get ``Timing.settle`` to do it;
+- ``verdict``: the diagnosis of a call that is not clean, never None.
+
+Pure: no torch, no processes; tested on reports and records built by hand.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .agreement import digest_of, digests_agree
+from .diagnosis import Diagnosis, diagnose
+from .diagnosis.wording import seconds
+from .records import CollectiveRecord, RankView
+from .reports import CallResult, RankReport
+from .states import CLEAN_STATES, Kind, Reason
+
+Journals = Callable[[], "dict[int, list[CollectiveRecord]]"]
+
+
+def is_clean(views: list[RankView], reason: Reason, digests: dict | None) -> bool:
+    """Every rank finished the same clean way (passed, skipped or xfailed), and every group's members
+    issued the same collectives (``digests``: rank -> {group: Digest}; None: not traced)."""
+    states = {v.status for v in views}
+    return (reason == Reason.COMPLETED and states <= CLEAN_STATES and len(states) == 1
+            and (digests is None or digests_agree(digests, len(views))))
+
+
+def verdict(views: list[RankView], reason: Reason, bound: float) -> Diagnosis:
+    """The diagnosis of a call that is not clean; never None."""
+    diag = diagnose(views, reason, bound)
+    if diag is None and reason == Reason.TIMEOUT and all(v.status in CLEAN_STATES for v in views):
+        diag = Diagnosis(Kind.TIMEOUT, f"the test took longer than its {seconds(bound)} s bound: every rank "
+                         "finished it, but only after the bound (raise the bound, or make the test shorter)")
+    if diag is None:
+        diag = Diagnosis(Kind.RAISED, "the ranks disagree on the outcome: "
+                         + ", ".join(f"rank {v.rank} {v.status}" for v in views))
+    return diag
+
+
+def settled(journals: dict, live) -> bool:
+    """Every rank still running waits in a collective: nothing more will come from them."""
+    return all(RankView(r, records=journals.get(r, [])).current is not None for r in live)
+
+
+def judge(reports: dict[int, RankReport], world: int, reason: Reason, bound: float, journals: Journals,
+          elapsed: float = 0.0, trace: bool = True) -> CallResult:
+    """The views and the verdict of one call. ``reports``: rank -> its report (a rank without one
+    never reported: RUNNING); ``journals()``: rank -> its records, asked only when the call is not
+    clean or a report carries no digest; ``trace``: the collectives were traced (else digests are
+    not compared)."""
+    full = {r: reports.get(r) or RankReport(r) for r in range(world)}
+    views = [full[r].view() for r in range(world)]
+    records: dict | None = None
+    digests = None
+    if trace and reason == Reason.COMPLETED:
+        if any(rep.digest is None for rep in full.values()):
+            records = journals()
+        digests = {r: rep.digest if rep.digest is not None else digest_of(records.get(r, []) if records else [])
+                   for r, rep in full.items()}
+    result = CallResult(ranks=views, reason=reason, reports=full, elapsed=elapsed, bound=bound)
+    if is_clean(views, reason, digests):
+        return result
+    if trace:
+        records = records if records is not None else journals()
+        for view in views:
+            view.records = records.get(view.rank, [])
+    result.diagnosis = verdict(views, reason, bound)
+    return result

@@ -1,0 +1,227 @@
+"""Every message that crosses a process boundary, named and typed: the one place that says what
+travels where. Plain picklable data (standard library only: every rank imports it); each receiver
+dispatches on the message's class to one handler.
+
+Forked ranks: one unix socket per rank, pickled (``forked/group.py`` <-> ``rank/loop.py``)
+    controller -> rank   RunCall(call)            run a test body or an ``nccl_world.run`` function
+                         DumpRequest()            stacks and Flight Recorder, answered while stuck
+    rank -> controller   Hello(rank, pid)         connected, before joining the process group
+                         Joined(rank)             in the process group
+                         SetupFailed(rank, error) could not join (then exits)
+                         CallDone(report)         the call's ``reports.RankReport``
+                         Dump(rank, stacks, fr_json, fr_pickle)
+
+Fork server: a socketpair, pickled (``forked/zygote_client.py`` <-> ``rank/zygote.py``)
+    controller -> server ZygoteConfig(...)        first: path, environment, what to preload
+                         ImportModules(modules, sys_path, environ)
+                         ForkRank(spec)           a ``RankSpec``; a spawned rank reads it from a file
+    server -> controller Ready(info), Imported(info)   ``ZygoteInfo``
+                         Forked(pid)
+                         Exited(pid, status)      a rank ended (raw wait status): ranks are its children
+
+SPMD: the launcher's c10d store (``spmd/store.py`` names the keys)
+    collect/<rank>       ``Collected`` (JSON): the test ids this rank collected, or that it left
+    t/.../out/<rank>     the rank's ``RankReport``, pickled, its journal inside
+    t/.../snap/<rank>    a rank still in the test: ``RankReport`` (RUNNING, stacks, journal), or b"-"
+    t/.../verdict        rank 0's ``Verdict``, pickled: the same outcome on every rank
+
+Watch: files in the job's directory and each rank's agent socket (``watch/jobdir.py`` names them)
+    rank-<R>.json        ``watch.jobdir`` rank info (JSON): pid, host, world, backend
+    exit-<R>.json        the rank's ``RankReport`` (JSON form), written at exit
+    agent socket         one request word per connection, answered with one JSON object
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+
+from .reports import RankReport
+from .states import Kind, RankState
+
+
+class CallKind(str, enum.Enum):
+    """What a call runs on the ranks."""
+    TEST = "test"          # a test function marked nccl: its return value is ignored
+    FUNCTION = "fn"        # nccl_world.run(fn): the return value is sent back, pickled
+
+
+@dataclass
+class Call:
+    call_id: int
+    kind: CallKind
+    module: str = ""          # module name of the function, as the controller imported it
+    path: str = ""            # its file, for ranks that have not imported it
+    qualname: str = ""        # "test_x" or "TestClass.test_x"
+    payload: bytes = b""      # pickle of (args, kwargs)
+    journal_dir: str = ""     # where each rank writes journal-<rank>.txt for this call
+    trace: bool = True
+    sys_path: list = field(default_factory=list)
+    nodeid: str = ""
+    rank_args: list = field(default_factory=list)  # fixtures whose values only a rank has
+
+
+# -- forked ranks ----------------------------------------------------------------------------------
+
+@dataclass
+class RunCall:
+    call: Call
+
+
+@dataclass
+class DumpRequest:
+    pass
+
+
+@dataclass
+class Hello:
+    rank: int
+    pid: int
+
+
+@dataclass
+class Joined:
+    rank: int
+
+
+@dataclass
+class SetupFailed:
+    rank: int
+    error: str
+
+
+@dataclass
+class CallDone:
+    report: RankReport
+
+
+@dataclass
+class Dump:
+    rank: int
+    stacks: str
+    fr_json: str | None
+    fr_pickle: bytes | None
+
+
+@dataclass
+class RankSpec:
+    """Everything a rank needs to start: its place in the world, where to meet the others, its files."""
+    rank: int
+    local_rank: int
+    world: int
+    local_world: int
+    backend: str
+    pg_timeout: float          # the process group's own timeout, seconds
+    store_path: str            # the FileStore the group rendezvous over
+    control_path: str          # the controller's unix socket
+    output_path: str           # the rank's stdout and stderr
+    stack_path: str            # faulthandler's stacks (SIGUSR1, fatal signals)
+    master_addr: str
+    master_port: int
+    env: dict = field(default_factory=dict)   # more environment (CUDA_VISIBLE_DEVICES, ...)
+    run_id: str = "pytest-nccl"
+
+
+# -- the fork server ----------------------------------------------------------------------------------
+
+class RankStart(str, enum.Enum):
+    """How the fork server starts ranks (``--nccl-rank-start``)."""
+    AUTO = "auto"      # fork, until a test module initializes CUDA: then spawn
+    FORK = "fork"
+    SPAWN = "spawn"
+
+
+@dataclass
+class ZygoteConfig:
+    sys_path: list
+    env: dict
+    trace: bool
+    preload: list               # (module, path) pairs to import before the first fork
+    rank_start: RankStart = RankStart.AUTO
+
+
+@dataclass
+class ZygoteInfo:
+    torch: str = ""
+    failures: list = field(default_factory=list)    # "module: error" of imports that failed
+    cuda_initialized_by: str | None = None          # the module after whose import CUDA was initialized
+    start: RankStart = RankStart.FORK               # how the next rank starts
+
+
+@dataclass
+class ImportModules:
+    modules: list               # (module, path) pairs
+    sys_path: list
+    environ: dict | None = None  # the controller's environment after collection (conftest files set some)
+
+
+@dataclass
+class ForkRank:
+    spec: RankSpec
+
+
+@dataclass
+class Ready:
+    info: ZygoteInfo
+
+
+@dataclass
+class Imported:
+    info: ZygoteInfo
+
+
+@dataclass
+class Forked:
+    pid: int
+
+
+@dataclass
+class Exited:
+    pid: int
+    status: int                 # raw wait status; -1 when it could not be read
+
+
+@dataclass
+class SpawnedRank:
+    """What a rank started as a fresh interpreter reads from its spec file."""
+    spec: RankSpec
+    modules: list
+    sys_path: list
+    trace: bool
+
+
+# -- SPMD ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Collected:
+    """What one launched rank collected (JSON in the store), or that it left before collecting."""
+    ids: list = field(default_factory=list)
+    errors: int = 0
+    gone: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps({"gone": True} if self.gone else {"ids": self.ids, "errors": self.errors})
+
+    @classmethod
+    def from_json(cls, text) -> "Collected":
+        data = json.loads(text)
+        return cls(ids=list(data.get("ids", [])), errors=int(data.get("errors", 0)), gone=bool(data.get("gone")))
+
+
+@dataclass
+class Verdict:
+    """Rank 0's decision on one test in SPMD mode, the same on every rank (it travels pickled
+    through the launcher's store)."""
+    status: RankState                 # PASSED, SKIPPED, XFAILED or FAILED
+    message: str = ""                 # skip / xfail reason
+    kind: Kind | None = None          # diagnosis kind of a failure
+    headline: str = ""
+    exception: str = ""               # the public exception's class name
+    stuck: list = field(default_factory=list)   # ranks no abort released
+    stop: str | None = None           # why the session stops after this test
+    recreate: bool = False            # create the process group again before the next test
+
+    @property
+    def failed(self) -> bool:
+        return self.status == RankState.FAILED

@@ -1,0 +1,110 @@
+"""Every state the analysis knows, as an enum: how a rank ended (or where it is), where one collective
+is, where a record came from, why a call stopped being watched, what kind of failure it was.
+
+The enums are ``str`` subclasses that print as their value, so reports, headlines and JSON keep the
+words a person reads ("passed", "shape-mismatch"); code compares members, never the words.
+Standard library only: every rank imports it.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class _Word(str, enum.Enum):
+    """An enum member that prints as its value in reports, headlines and JSON."""
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+class RankState(_Word):
+    """How one rank ended a call, or where it is while the call runs (the same in every mode)."""
+    PASSED = "passed"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    XFAILED = "xfailed"
+    ERROR = "error"              # the call could not run (the function cannot be loaded, the result pickled)
+    RUNNING = "running"          # still in the call: stuck, or busy
+    DEAD = "dead"                # its process ended inside the call
+    NOT_STARTED = "not-started"  # never reached the call (SPMD: still in an earlier test)
+
+    @property
+    def judged(self) -> "RankState":
+        """The state the rules and the diagnosis see: a rank that could not run the call failed."""
+        return RankState.FAILED if self is RankState.ERROR else self
+
+    @property
+    def finished(self) -> bool:
+        """Out of the call for good."""
+        return self not in (RankState.RUNNING, RankState.NOT_STARTED)
+
+    @property
+    def failure(self) -> bool:
+        """A failure starts the referee's grace period."""
+        return self in (RankState.FAILED, RankState.ERROR, RankState.DEAD)
+
+
+CLEAN_STATES = frozenset({RankState.PASSED, RankState.SKIPPED, RankState.XFAILED})
+
+
+class RecordState(_Word):
+    """Where one collective is on the rank that issued it."""
+    ENTERED = "entered"      # issued, not completed (a synchronous one: the rank sits in it)
+    WAITING = "waiting"      # an async one whose Work.wait the rank sits in
+    COMPLETED = "completed"
+
+
+class Source(_Word):
+    """Where a record came from."""
+    PYTHON = "python"                    # the tracer's journal, written before the rank entered it
+    FLIGHT_RECORDER = "flight-recorder"  # torch's Flight Recorder: issued from C++ (DDP's reducer)
+
+
+class Reason(_Word):
+    """Why a call stopped being watched."""
+    COMPLETED = "completed"   # every rank finished
+    DECIDED = "decided"       # a rule found the outcome before every rank finished
+    TIMEOUT = "timeout"       # the bound was reached
+
+
+class Kind(_Word):
+    """What kind of failure a diagnosis names (docs/diagnosis.md shows each with its headline)."""
+    SHAPE_MISMATCH = "shape-mismatch"
+    DTYPE_MISMATCH = "dtype-mismatch"
+    OP_MISMATCH = "op-mismatch"
+    ROOT_MISMATCH = "root-mismatch"
+    REDUCE_OP_MISMATCH = "reduce-op-mismatch"
+    SPLIT_MISMATCH = "split-mismatch"
+    P2P_MISMATCH = "p2p-mismatch"
+    DEADLOCK = "deadlock"
+    RANK_LEFT = "rank-left"
+    GROUP_MISMATCH = "group-mismatch"
+    RAISED = "rank-raised"
+    DIED = "rank-died"
+    HANG = "hang"
+    SLOW_RANK = "slow-rank"
+    TIMEOUT = "timeout"
+    SKIP_MISMATCH = "skip-mismatch"
+    SETUP = "setup"
+    RENDEZVOUS = "rendezvous"
+
+    @property
+    def exception_name(self) -> str:
+        """The public exception (errors.py) a failure of this kind raises."""
+        return EXCEPTION_FOR_KIND.get(self, "DistributedTestFailure")
+
+
+# Arguments the ranks disagree on at the same position of a group
+MISMATCH_KINDS = frozenset({Kind.SHAPE_MISMATCH, Kind.DTYPE_MISMATCH, Kind.OP_MISMATCH, Kind.ROOT_MISMATCH,
+                            Kind.REDUCE_OP_MISMATCH, Kind.SPLIT_MISMATCH})
+
+EXCEPTION_FOR_KIND = {
+    **{kind: "CollectiveMismatch" for kind in MISMATCH_KINDS},
+    Kind.P2P_MISMATCH: "CollectiveMismatch", Kind.DEADLOCK: "CollectiveMismatch",
+    Kind.RANK_LEFT: "CollectiveMismatch", Kind.GROUP_MISMATCH: "CollectiveMismatch",
+    Kind.RAISED: "RankRaised", Kind.DIED: "RankDied",
+    Kind.HANG: "CollectiveTimeout", Kind.SLOW_RANK: "CollectiveTimeout", Kind.TIMEOUT: "CollectiveTimeout",
+    Kind.RENDEZVOUS: "CollectiveTimeout",
+    Kind.SKIP_MISMATCH: "DistributedTestFailure", Kind.SETUP: "RankSetupError",
+}

@@ -1,0 +1,79 @@
+"""Who waits for whom: point-to-point pairing (``P2PIndex``) and certain deadlocks (``stuck_ranks``),
+what the referee's deadlock rule and the diagnosis read off the records."""
+
+from __future__ import annotations
+
+from .groups import members_of
+from .ops import P2P_OPS
+from .records import CollectiveRecord, P2P
+from .states import RankState, Source
+
+class P2PIndex:
+    """Every rank's point-to-point transfers, per channel (group, source, destination, tag), in issue
+    order: a send from A to B with tag T pairs with the next receive on B from A (or from any
+    source) with tag T, whatever the records' states."""
+
+    def __init__(self, views: dict):
+        self.sends: dict[tuple, list] = {}
+        self.recvs: dict[tuple, list] = {}      # receives from a named source
+        self.any: dict[tuple, list] = {}        # receives from any source: (group, dst, tag, obj)
+        for r, view in views.items():
+            for rec in view.records:
+                for p in rec.p2p:
+                    if p.send:
+                        self.sends.setdefault((rec.pg, r, p.peer, p.tag, p.obj), []).append(id(p))
+                    elif p.peer is None:
+                        self.any.setdefault((rec.pg, r, p.tag, p.obj), []).append(id(p))
+                    else:
+                        self.recvs.setdefault((rec.pg, p.peer, r, p.tag, p.obj), []).append(id(p))
+
+    def has_counterpart(self, rank: int, rec: CollectiveRecord, p: P2P) -> bool:
+        """Has the other side issued the transfer this one pairs with? (Receives from any source
+        count for every sender: a yes can be generous, a no is certain.)"""
+        if p.send:
+            key = (rec.pg, rank, p.peer, p.tag, p.obj)
+            k = self.sends[key].index(id(p)) + 1
+            return len(self.recvs.get(key, ())) + len(self.any.get((rec.pg, p.peer, p.tag, p.obj), ())) >= k
+        if p.peer is not None:
+            key = (rec.pg, p.peer, rank, p.tag, p.obj)
+            return len(self.sends.get(key, ())) >= self.recvs[key].index(id(p)) + 1
+        k = self.any[(rec.pg, rank, p.tag, p.obj)].index(id(p)) + 1
+        return sum(len(v) for key, v in self.sends.items()
+                   if key[0] == rec.pg and key[2] == rank and key[3:] == (p.tag, p.obj)) >= k
+
+
+def stuck_ranks(views: dict) -> dict:
+    """Running ranks that can never go on: rank -> (the record it waits in, what it needs: lists of
+    ranks, any one of which would do). A rank waits for the members missing from its collective, or
+    for the peer of a transfer nobody issued the counterpart of; it is stuck when one of its needs
+    can only come from stuck or finished ranks. Empty when some rank could still move everything."""
+    index = None
+    waits = {}
+    world = len(views)
+    for r, view in sorted(views.items()):
+        cur = view.current if view.status == RankState.RUNNING else None
+        if cur is None or cur.source != Source.PYTHON:
+            continue
+        if cur.p2p:
+            index = index or P2PIndex(views)
+            ops = [p for p in cur.blocking_p2p() if not index.has_counterpart(r, cur, p)]
+            needs = [[p.peer] if p.peer is not None else
+                     [m for m in members_of(cur.pg.removesuffix(":p2p"), world) if m != r] for p in ops]
+        elif cur.op in P2P_OPS:
+            continue  # a transfer without its peers (a v1 journal): nothing certain
+        else:
+            needs = [[m] for m in members_of(cur.pg, world)
+                     if m in views and len(views[m].records_in(cur.pg)) < cur.seq]
+        if needs:
+            waits[r] = (cur, needs)
+    finished = {r for r, v in views.items() if v.finished}
+    stuck = set(waits)
+    changed = True
+    while changed:
+        changed = False
+        for r in sorted(stuck):
+            hopeless = stuck | finished
+            if not any(all(m in hopeless for m in need) for need in waits[r][1]):
+                stuck.discard(r)
+                changed = True
+    return {r: waits[r] for r in sorted(stuck)}

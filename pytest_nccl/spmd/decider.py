@@ -1,0 +1,163 @@
+"""Rank 0's decider: a thread beside the test on rank 0 that feeds the referee what every rank
+published in the launcher's store, collects the snapshots of the ranks still in the test once it
+decides, releases them, asks the judge and publishes the verdict every rank applies."""
+
+from __future__ import annotations
+
+import pickle
+import time
+
+from ..core.journal import parse_journal
+from ..core.judge import judge
+from ..core.messages import Verdict
+from ..core.referee import TIMING, Referee
+from ..core.reports import RankReport
+from ..core.sites import stack_top
+from ..core.states import RankState, Reason
+from ..rank.stacks import harness_sites_stripped
+from ..views.report import format_report
+from .store import naps, poll
+
+
+def records(text: str, rank: int) -> list:
+    return harness_sites_stripped(parse_journal(text or "", rank))
+
+
+class Decider:
+    """Rank 0's view of one marked test (``test``: this rank's ``testrun.TestRun``) on every rank."""
+
+    def __init__(self, test):
+        self.test = test
+        self.store, self.keys, self.world = test.group.dstore, test.keys, test.world
+        self.reports: dict[int, RankReport] = {}    # ranks that published their report
+        self._journal_cache: dict = {}
+
+    def watch(self) -> Reason:
+        """Feed the referee until it decides."""
+        referee = Referee(self.world, self.test.bound, time.monotonic(), trace=self.test.trace)
+        sleeps = naps()
+        while True:
+            self._take_reports(referee)
+            reason = referee.step(time.monotonic(), self)
+            if reason is not None:
+                return reason
+            time.sleep(min(next(sleeps), max(0.0, referee.wake_at() - time.monotonic())))
+
+    def _take_reports(self, referee: Referee | None = None) -> None:
+        for r in range(self.world):
+            if r not in self.reports and self.store.check([self.keys.outcome(r)]):
+                report = self.reports[r] = pickle.loads(self.store.get(self.keys.outcome(r)))
+                if referee is not None:
+                    referee.finished(r, report.state.judged, time.monotonic())
+
+    def decide(self) -> None:
+        t0 = time.monotonic()
+        reason = self.watch()
+        store, keys = self.store, self.keys
+        live = [r for r in range(self.world) if r not in self.reports]
+        snaps: dict[int, RankReport] = {}
+        stuck: list[int] = []
+        if live:
+            store.set(keys.decision, reason.value)
+            waiting = set(live)
+
+            def snapshots_in() -> bool:
+                for r in sorted(waiting):
+                    if store.check([keys.snapshot(r)]):
+                        raw = store.get(keys.snapshot(r))
+                        if raw != b"-":
+                            snaps[r] = pickle.loads(raw)
+                        waiting.discard(r)
+                return not waiting
+
+            poll(snapshots_in, time.monotonic() + TIMING.snapshot_wait)
+            store.set(keys.abort, "1")
+
+            def released() -> bool:
+                self._take_reports()
+                return all(r in self.reports for r in live)
+
+            poll(released, time.monotonic() + TIMING.release_wait)
+            stuck = [r for r in live if r not in self.reports]
+        self._conclude(snaps, stuck, reason, time.monotonic() - t0)
+
+    # -- the referee's CallView: the journals the watchdogs pushed ----------------------------------------
+    def journals(self) -> dict:
+        """Every rank's records so far: from its report, else from what its watchdog appended (read
+        again only when it grew)."""
+        cache, result = self._journal_cache, {}
+        for r in range(self.world):
+            length = self._journal_length(r)
+            if cache.get(r, (None,))[0] != length:
+                if r in self.reports:
+                    text = self.reports[r].journal
+                elif length:
+                    text = self.store.get(self.keys.journal(r)).decode("utf-8", "replace")
+                else:
+                    text = ""
+                cache[r] = (length, records(text, r))
+            result[r] = cache[r][1]
+        return result
+
+    def _journal_length(self, r: int) -> int:
+        if r in self.reports:
+            return len(self.reports[r].journal) + 1
+        key = self.keys.journal_length(r)
+        return int(self.store.get(key)) if self.store.check([key]) else 0
+
+    def journal_sizes(self) -> list:
+        return [self._journal_length(r) for r in range(self.world)]
+
+    def flight_recorder_journals(self) -> dict | None:
+        return None  # not collected in SPMD mode
+
+    # -- the verdict --------------------------------------------------------------------------------------
+    def _final_reports(self, snaps: dict, stuck: list) -> dict[int, RankReport]:
+        """Every rank's report: a snapshot of a rank that was still in the test, else what it
+        published, else where the store says it is (never started the test, or running)."""
+        out: dict[int, RankReport] = {}
+        for r in range(self.world):
+            published, snap = self.reports.get(r), snaps.get(r)
+            if snap is not None:
+                report = snap
+            elif published is not None:
+                report = published
+                report.finished_at = max(0.0, published.ended - self.test.t0_wall)
+            else:
+                started = self.store.check([self.keys.start(r)])
+                report = RankReport(r, RankState.RUNNING if started else RankState.NOT_STARTED)
+                if self.store.check([self.keys.journal(r)]):
+                    report.journal = self.store.get(self.keys.journal(r)).decode("utf-8", "replace")
+                if not started:
+                    report.message = "never started this test (still in an earlier one, or exited)"
+            if published is not None:
+                report.output = published.output
+            if r in stuck:
+                report.message = "could not be released from the test after the bound"
+            out[r] = report
+        return out
+
+    def _conclude(self, snaps: dict, stuck: list, reason: Reason, elapsed: float) -> None:
+        test = self.test
+        reports = self._final_reports(snaps, stuck)
+        result = judge(reports, self.world, reason, test.bound,
+                       lambda: {r: records(rep.journal, r) for r, rep in reports.items()},
+                       elapsed=elapsed, trace=test.trace)
+        test.result = result
+        recreate = any(not rep.initialized for rep in self.reports.values())
+        diag = result.diagnosis
+        if diag is None:
+            decided = Verdict(result.ranks[0].status, message=result.ranks[0].message, recreate=recreate)
+        else:
+            views = result.ranks
+            test.report = format_report(views, diag, elapsed, test.bound, test.group.backend)
+            stop = None
+            if stuck:
+                where = "; ".join(f"rank {r} at {stack_top(views[r].stack) or 'unknown'}" for r in stuck)
+                stop = (f"pytest-nccl: {'ranks' if len(stuck) > 1 else 'rank'} {','.join(map(str, stuck))} "
+                        f"could not be released from {test.nodeid} within {TIMING.release_wait:g} s after its "
+                        f"bound (stuck outside Python: {where}); the session stops here")
+                test.report += "\n\n" + stop
+            decided = Verdict(RankState.FAILED, kind=diag.kind, headline=diag.headline,
+                              exception=diag.exception_name, stuck=stuck, stop=stop, recreate=True)
+        self.store.set(self.keys.verdict, pickle.dumps(decided))

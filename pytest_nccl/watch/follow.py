@@ -1,0 +1,158 @@
+"""One rank of a watched job as the watch follows it: its journal file read by offset across the
+rank's rotations (``JournalFile``), its info, exit record and process (``Followed``), and the
+questions asked of its agent socket."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+
+from ..core.journal import JournalTail
+from ..core.reports import RankReport
+from ..core.states import RankState
+from . import jobdir
+
+READ_CHUNK = 8 << 20      # bytes of one journal read in one tick at most
+
+
+def fr_progress(pg_status) -> tuple | None:
+    """The Flight Recorder's per-group progress (last enqueued, last completed) in one comparable
+    value: it moves with every collective, those issued from C++ (DDP's reducer) included."""
+    if not pg_status:
+        return None
+    return tuple(sorted((pg, s.get("last_enqueued_collective"), s.get("last_completed_collective"))
+                        for pg, s in pg_status.items()))
+
+
+class JournalFile:
+    """One rank's journal, followed by name: each read continues where the last one stopped; when
+    the rank rotated the file (``agent.rotate``), the rest of the old one comes first, then the
+    previous segment if two rotations happened in between (more would lose one: 16 MB of journal
+    between two ticks of the watch)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.f = None
+        self.ino = None
+        self.consumed = 0      # bytes read in all: the measure of progress
+        self.truncated = False  # the rank started the journal again (a restarted rank)
+
+    def _open(self, path: str) -> bool:
+        try:
+            f = open(path, "rb")
+        except OSError:
+            return False
+        if self.f is not None:
+            self.f.close()
+        self.f, self.ino = f, os.fstat(f.fileno()).st_ino
+        return True
+
+    def read(self) -> bytes:
+        out = b""
+        for _ in range(4):  # segments visited in one read
+            if self.f is None and not self._open(self.path):
+                break
+            out += self.f.read(READ_CHUNK - len(out))
+            if len(out) >= READ_CHUNK:
+                break
+            try:
+                st = os.stat(self.path)
+            except OSError:
+                break  # between the rank's two renames
+            if st.st_ino == self.ino:
+                if st.st_size < self.f.tell():  # started again: a restarted rank
+                    self.f.seek(0)
+                    self.truncated = True
+                break
+            # rotated: the rank moved its descriptor before renaming, nothing more comes to this one
+            out += self.f.read(READ_CHUNK - len(out))
+            if len(out) >= READ_CHUNK:
+                break
+            try:
+                skipped = os.stat(self.path + ".1").st_ino not in (self.ino, st.st_ino)
+            except OSError:
+                skipped = False
+            if not (skipped and self._open(self.path + ".1")) and not self._open(self.path):
+                break
+        self.consumed += len(out)
+        return out
+
+    def close(self) -> None:
+        if self.f is not None:
+            self.f.close()
+
+
+class Followed:
+    """What the watch knows of one rank."""
+
+    def __init__(self, rank: int, info: dict, directory: str):
+        self.rank, self.info, self.directory = rank, info, directory
+        self.file = JournalFile(jobdir.journal(directory, rank))
+        self.tail = JournalTail(rank)
+        self.records: list = []        # the window, in the order the rank entered them
+        self.count: dict = {}          # group -> collectives entered since the journal started
+        self.kept: dict = {}           # group -> records of it in the window
+        self.state: RankState | None = None
+        self.exit: RankReport | None = None   # its exit record, or what the watch saw it end as
+        self.finished_at: float | None = None
+        self.fr_progress = None        # the Flight Recorder's per-group progress, last asked
+        self.local = info.get("host") == socket.gethostname()
+        self.exit_code: int | None = None  # seen while the process was a zombie
+
+    def ask(self, request: str, timeout: float) -> dict | None:
+        if not self.local:
+            return None
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(timeout)
+                s.connect(jobdir.socket_path(self.directory, self.rank))
+                s.sendall(request.encode() + b"\n")
+                chunks = []
+                while True:
+                    chunk = s.recv(1 << 16)
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+            return json.loads(b"".join(chunks))
+        except (OSError, ValueError):
+            return None
+
+    def gone(self) -> bool:
+        """The process ended (a zombie counts; its exit status is kept when readable)."""
+        pid, start = self.info.get("pid"), self.info.get("start")
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, TypeError):
+            return True
+        if start is not None and int(fields[19]) != start:
+            return True  # the pid was reused
+        if fields[0] in ("Z", "X"):
+            try:
+                self.exit_code = int(fields[49])
+            except (IndexError, ValueError):
+                pass
+            return True
+        return False
+
+
+def ask_all(followed: list, request: str, timeout: float) -> dict:
+    """Ask several ranks at once; rank -> answer (None when it did not answer in time)."""
+    answers: dict = {}
+    threads = [threading.Thread(target=lambda f=f: answers.__setitem__(f.rank, f.ask(request, timeout)),
+                                daemon=True) for f in followed]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 0.5)
+    return answers
+
+
+def read_text(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
