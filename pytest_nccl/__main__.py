@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return bisect_main(rest)
     if cmd == "matrix":
-        from .bisect.matrix_cli import main as matrix_main
+        from .bisect.matrix.cli import main as matrix_main
 
         return matrix_main(rest)
     if cmd == "watch":

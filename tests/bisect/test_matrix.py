@@ -7,12 +7,12 @@ import json
 import pytest
 
 from pytest_nccl.__main__ import main as dunder_main
-from pytest_nccl.bisect import matrix_cli
+from pytest_nccl.bisect.matrix import cli as matrix_cli
 from pytest_nccl.bisect.envs import BaseInfo, EnvCache
-from pytest_nccl.bisect.matrix import (Results, ResultsError, Run, TestRecord, cell, latest_patches, row_labels,
+from pytest_nccl.bisect.matrix.results import (Results, ResultsError, Run, TestRecord, cell, latest_patches, row_labels,
                                        skip_reason)
-from pytest_nccl.bisect.matrix_findings import findings, red_ranges
-from pytest_nccl.bisect.matrix_render import render
+from pytest_nccl.bisect.matrix.findings import findings, red_ranges
+from pytest_nccl.bisect.matrix.render import render
 from pytest_nccl.bisect.runner import CaseResult, RunOutcome
 from pytest_nccl.bisect.search import Verdict
 from pytest_nccl.bisect.versions import StaticIndex
@@ -446,7 +446,7 @@ def test_dunder_main_dispatches_matrix(capsys):
 
 
 def test_short_headlines_name_the_kind_of_failure():
-    from pytest_nccl.bisect.matrix import short_headline
+    from pytest_nccl.bisect.matrix.results import short_headline
 
     assert short_headline(H) == "shape mismatch: all_gather"
     assert short_headline("op mismatch at collective #15 of group default: ranks 0-2 all_gather, rank 3 "
@@ -474,8 +474,8 @@ new = true
 
 
 def test_notes_parse_match_and_refuse_bad_input():
-    from pytest_nccl.bisect.matrix import ResultsError
-    from pytest_nccl.bisect.matrix_findings import note_for, parse_notes
+    from pytest_nccl.bisect.matrix.results import ResultsError
+    from pytest_nccl.bisect.matrix.findings import note_for, parse_notes
 
     notes = parse_notes(NOTES)
     assert note_for("cpo \u00b7 eval_uneven", notes).text.startswith("trl#3068")
@@ -487,7 +487,7 @@ def test_notes_parse_match_and_refuse_bad_input():
 
 
 def test_findings_of_one_trainer_that_read_the_same_are_one_group_with_its_note():
-    from pytest_nccl.bisect.matrix_findings import group_findings, parse_notes
+    from pytest_nccl.bisect.matrix.findings import group_findings, parse_notes
 
     bad = ("failed", H)
     other = ("failed", "ranks 0,1 raised AttributeError: x")
@@ -504,7 +504,7 @@ def test_findings_of_one_trainer_that_read_the_same_are_one_group_with_its_note(
 
 
 def test_the_notes_about_text_goes_under_the_title(tmp_path):
-    from pytest_nccl.bisect.matrix_findings import parse_about
+    from pytest_nccl.bisect.matrix.findings import parse_about
 
     text = 'about = """Rows are trainer \u00b7 stressor."""\n' + NOTES
     assert parse_about(text) == "Rows are trainer \u00b7 stressor." and parse_about(NOTES) == ""
@@ -515,7 +515,7 @@ def test_the_notes_about_text_goes_under_the_title(tmp_path):
 
 
 def test_a_row_red_for_two_reasons_gets_the_note_of_each_range():
-    from pytest_nccl.bisect.matrix_findings import parse_notes
+    from pytest_nccl.bisect.matrix.findings import parse_notes
 
     notes = parse_notes('''
 [[note]]

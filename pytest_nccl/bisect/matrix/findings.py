@@ -1,7 +1,7 @@
 """The release matrix's findings: which rows are red on which releases, since when, fixed where
 (:func:`findings`); what is known about them (a notes file, :func:`parse_notes`); and the rows of
 one trainer that read the same, merged into one entry (:func:`group_findings`). Pure, as
-:mod:`.matrix`, whose cells it reads."""
+:mod:`.results`, whose cells it reads."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Mapping, Sequence
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion
 
-from .matrix import DASH, Results, ResultsError, cell, row_labels, short_headline
+from .results import DASH, Results, ResultsError, cell, row_labels, short_headline
 
 
 # --------------------------------------------------------------------------- findings

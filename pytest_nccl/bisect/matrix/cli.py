@@ -6,9 +6,9 @@ Usage::
         [--world N ...] --results FILE.json [--out FILE.md] [options] -- PYTEST-ARGS
     python -m pytest_nccl matrix --render-only --results FILE.json [--out FILE.md]
 
-Glue: the releases come from :mod:`.versions`, each release's env from the same
+Glue: the releases come from :mod:`..versions`, each release's env from the same
 ``EnvCache``/``make_request``/``ProbeConfig`` path as ``bisect`` (same cache root and fingerprint,
-so the envs are shared), each (release, world) run from :func:`.runner.run_pytest` with
+so the envs are shared), each (release, world) run from :func:`..runner.run_pytest` with
 ``--nccl-world=N`` added. The results JSON is saved after every run and a (release, world) already
 in it is not run again (``--rerun`` runs it again); the Markdown is written after every release.
 
@@ -32,13 +32,13 @@ from typing import Callable, Sequence, TextIO
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from . import cli as bisect_cli
-from .matrix import KEY_PACKAGES, Results, ResultsError, Run, TestRecord, latest_patches
-from .matrix_findings import parse_about, parse_notes
-from .matrix_render import render
-from .prober import ProbeConfig, make_request
-from .runner import RunOutcome, run_pytest
-from .versions import IndexError_, Release, parse_version_list, select_range
+from .. import cli as bisect_cli
+from .results import KEY_PACKAGES, Results, ResultsError, Run, TestRecord, latest_patches
+from .findings import parse_about, parse_notes
+from .render import render
+from ..prober import ProbeConfig, make_request
+from ..runner import RunOutcome, run_pytest
+from ..versions import IndexError_, Release, parse_version_list, select_range
 
 EXIT_OK = 0
 EXIT_USAGE = 2
