@@ -15,7 +15,8 @@ RANK_SIDE = {"rank", "tracer", "journal", "protocol", "stacks", "zygote", "recor
              "watch.jobdir"}
 # Pure: tested on data with a fake clock; no torch, no processes, no sockets.
 PURE = {"referee", "diagnose", "records", "flight", "settings", "timeline", "swimlane", "swimlane_page",
-        "bisect.matrix", "bisect.matrix.results", "bisect.matrix.findings", "bisect.matrix.render"}
+        "bisect.matrix", "bisect.matrix.results", "bisect.matrix.findings", "bisect.matrix.render",
+        "bisect.tomlcompat"}
 PURE_FORBIDDEN = {"torch", "subprocess", "socket", "multiprocessing", "threading", "signal"}
 MAX_LINES = 520
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence
 
+from . import tomlcompat
 from .envs import EnvCache, EnvRequest, EnvResult
 from .runner import RunOutcome, run_pytest
 from .search import Probe, Verdict
@@ -127,14 +128,9 @@ def tooling_requirements(pyproject: Path | None = None) -> list[str]:
         reqs = None
     if reqs is None and pyproject is not None and pyproject.is_file():
         try:
-            import tomllib
-        except ImportError:  # pragma: no cover - Python 3.10
-            tomllib = None  # type: ignore
-        if tomllib is not None:
-            try:
-                reqs = tomllib.loads(pyproject.read_text()).get("project", {}).get("dependencies")
-            except Exception:
-                reqs = None
+            reqs = tomlcompat.loads(pyproject.read_text()).get("project", {}).get("dependencies")
+        except (OSError, tomlcompat.TOMLDecodeError):
+            reqs = None
     out = [r for r in (reqs or []) if "extra ==" not in r.replace('"', "").replace("'", "")]
     if not any(r.strip().lower().startswith("pytest") for r in out):
         out.insert(0, "pytest>=8")
