@@ -286,14 +286,14 @@ class FakeRunner:
 
 
 def drive(argv, tmp_path, builder=None, runner=None, index=None):
-    builder, runner, out = builder or FakeBuilder(), runner or FakeRunner(), io.StringIO()
+    builder, runner, out, err = builder or FakeBuilder(), runner or FakeRunner(), io.StringIO(), io.StringIO()
     ns = matrix_cli.parse_args(argv)
     cache = EnvCache(tmp_path / "cache", builder, BASE)
-    code = matrix_cli.run(ns, out, index=index or StaticIndex({"trl": RELEASES}),
+    code = matrix_cli.run(ns, out, err=err, index=index or StaticIndex({"trl": RELEASES}),
                           make_cache=lambda ns, out, prog: (cache, "fake", ["pytest>=8"], [], ["torch==2.13.0+cpu"]),
                           run_tests=runner, packages_of=lambda python, names: dict(PKGS, trl=version_of(python)),
                           now=lambda: NOW)
-    return code, out.getvalue(), builder, runner
+    return code, out.getvalue() + err.getvalue(), builder, runner  # errors last: they are on stderr
 
 
 def argv_for(tmp_path, *extra):
@@ -315,7 +315,7 @@ def test_cli_one_run_writes_json_and_markdown(tmp_path):
     assert doc["worlds"] == [2, 4] and doc["versions"] == ["0.14.0", "0.15.0", "0.15.1", "0.16.0"]
     assert doc["runs"]["0.15.0"]["4"]["tests"][SFT] == {"outcome": "failed", "headline": H}
     assert doc["runs"]["0.15.0"]["4"]["packages"]["trl"] == "0.15.0" and doc["torch"] == "2.13.0+cpu"
-    assert doc["command"].startswith("python -m pytest_nccl matrix trl --from 0.14.0 --to 0.16.0")
+    assert doc["command"].startswith("pytest-nccl matrix trl --from 0.14.0 --to 0.16.0")
     md = (tmp_path / "M.md").read_text()
     assert "| sft \u00b7 ragged | pass | w2 pass; w4: \u274c shape mismatch: all_gather | w2 pass; w4: \u274c shape" in md
     assert "| dpo \u00b7 even\u00b9 | w2 pass; w4 skip |" in md
@@ -386,7 +386,7 @@ def test_cli_timeout_is_a_red_cell_with_its_reason(tmp_path):
                                         f"  - 0.15.0 (first bad): w2 pass; w4: {H}"]
 
 
-def test_cli_render_only(tmp_path):
+def test_cli_render_only(tmp_path, capsys):
     drive(argv_for(tmp_path), tmp_path)
     md = (tmp_path / "M.md").read_text()
     (tmp_path / "M.md").unlink()
@@ -395,7 +395,9 @@ def test_cli_render_only(tmp_path):
                            out=out)
     assert code == 0 and (tmp_path / "M.md").read_text() == md
     code = matrix_cli.main(["--render-only", "--results", str(tmp_path / "none.json")], out=(out := io.StringIO()))
-    assert code == 2 and out.getvalue().startswith("pytest-nccl matrix: cannot read") and out.getvalue().count("\n") == 1
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("pytest-nccl matrix: cannot read") and err.count("\n") == 1
+    assert out.getvalue() == ""
 
 
 def test_cli_latest_patch_versions_and_index_errors(tmp_path):
