@@ -8,8 +8,9 @@
 #   .ci/trl_stacks.sh --list          # print the known stacks and their pins
 #
 # Venvs live in ${PYTEST_NCCL_CACHE:-$HOME/.cache/pytest-nccl}/stacks/<stack>, rebuilt when the
-# pins change. torch comes from `pip install torch==2.13.0` (the CPU wheel on this machine's disk;
-# the script refuses a CUDA build). "current" means the project's own .venv (a current release).
+# pins change. torch comes from `pip install torch==2.13.0` (the CPU wheel on this machine's disk,
+# or from $TORCH_INDEX_URL, PyTorch's CPU wheel index, passed to every install; the script refuses a
+# CUDA build). "current" means the project's own .venv (a current release).
 # JUnit files and logs go to ${TRL_STACKS_OUT:-${TMPDIR:-/tmp}/pytest-nccl-trl-stacks}. Exit 1 if any stack
 # had an undocumented outcome or could not be built.
 set -uo pipefail
@@ -55,17 +56,20 @@ build_stack() {
     log "$name: building $venv ($pins)" >&2
     rm -rf "$venv"
     "$PYTHON" -m venv "$venv" || return 1
-    "$venv/bin/python" -m pip install -q "$TORCH_PIN" 2>&1 | grep -v '^WARNING: Location' >&2
+    "$venv/bin/python" -m pip install -q "$TORCH_PIN" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} 2>&1 \
+      | grep -v '^WARNING: Location' >&2
     # never a CUDA build: that is a multi-GB download and not what these stacks test
     "$venv/bin/python" -c 'import sys, torch; sys.exit(torch.version.cuda is not None)' \
       || { log "$name: torch is not the CPU build; refusing" >&2; return 1; }
     # shellcheck disable=SC2086
-    "$venv/bin/python" -m pip install -q $pins pytest "$TORCH_PIN" 2>&1 | grep -v '^WARNING: Location' >&2
+    "$venv/bin/python" -m pip install -q $pins pytest "$TORCH_PIN" ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} \
+      2>&1 | grep -v '^WARNING: Location' >&2
     "$venv/bin/python" -c 'import trl, transformers, accelerate, datasets, torch' >&2 || return 1
     echo "$stamp" > "$venv/.stack-stamp"
   fi
   # the plugin itself, editable, no deps: always this checkout
-  "$venv/bin/python" -m pip install -q --no-deps -e "$REPO" 2>&1 | grep -v '^WARNING: Location' >&2
+  "$venv/bin/python" -m pip install -q --no-deps -e "$REPO" ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} 2>&1 \
+    | grep -v '^WARNING: Location' >&2
   echo "$venv/bin/python"
 }
 

@@ -1,52 +1,97 @@
-"""``python -m pytest_nccl COMMAND`` (also the ``pytest-nccl`` console script).
+"""``pytest-nccl COMMAND`` (also ``python -m pytest_nccl COMMAND``): one parser, one program name.
 
 Commands:
-  bisect   find the release of a package that broke (or fixed) a pytest selection; see
-           ``python -m pytest_nccl bisect --help`` and docs/bisect.md
-  matrix   run a pytest selection over many releases and world sizes; a Markdown matrix; see
-           ``python -m pytest_nccl matrix --help`` and docs/bisect.md
-  watch    run a distributed job with its collectives traced; diagnose and end it when it hangs
-           or desyncs; see ``python -m pytest_nccl watch --help`` and docs/watch.md
+  bisect   find the release of a package that broke (or fixed) a pytest selection (docs/bisect.md)
+  matrix   run a pytest selection over many releases and world sizes; a Markdown matrix (docs/bisect.md)
+  watch    run a distributed job with its collectives traced; diagnose and end it when it hangs or
+           desyncs (docs/watch.md)
+
+The program name in usage and error lines is the one the user typed: ``pytest-nccl``, or
+``python -m pytest_nccl`` when run that way. bisect's and matrix's arguments are subcommand parsers
+of this parser; watch reads its own (everything after ``watch`` goes to it).
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
+from typing import Sequence
 
-USAGE = """usage: python -m pytest_nccl bisect PACKAGE --good V --bad V [options] -- PYTEST-ARGS
-       python -m pytest_nccl bisect PACKAGE --sweep --from V --to V [options] -- PYTEST-ARGS
-       python -m pytest_nccl matrix PACKAGE (--from V --to V | --versions LIST) [--world N ...]
-                                    --results FILE.json [--out FILE.md] [options] -- PYTEST-ARGS
-       python -m pytest_nccl watch [--timeout S] [--trace-dir DIR] [--keep-running] [--quiet]
-                                   [--json FILE] -- LAUNCH COMMAND...
+EXIT_USAGE = 2
+EXIT_CODES = """exit status:
+  0    done (bisect: found; sweep: no release bad; matrix: ran, red cells are results)
+  1    bisect: found but ambiguous (untested releases next to it); sweep: a release is bad
+  2    usage error (any command)
+  3    bisect: a bound does not behave as given; watch: a hang or desync diagnosed, job ended
+  4    bisect, matrix: the release list could not be had; watch: diagnosed with --keep-running
+  5    sweep: no release could be tested
+  6    bisect, matrix: this interpreter cannot build release envs (torch not installed, or
+       --installer uv without uv)
+  130  interrupted
+watch exits with the job's own status when it reaches no verdict (docs/watch.md)."""
+COMMANDS = {
+    "bisect": "find the first bad (or first fixed) release of PACKAGE for a pytest selection",
+    "matrix": "run a pytest selection on many releases x world sizes; write a Markdown matrix",
+    "watch": "trace a running job's collectives; diagnose and end it when it hangs or desyncs",
+}
 
-commands:
-  bisect   find the first bad (or first fixed) release of PACKAGE for a pytest selection
-  matrix   run a pytest selection on many releases x world sizes; write a Markdown matrix
-  watch    trace a running job's collectives; diagnose and end it when it hangs or desyncs
-"""
+
+def program_name(argv0: str | None = None) -> str:
+    """``python -m pytest_nccl`` when run as a module (argv[0] is this file), else ``pytest-nccl``."""
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    return "python -m pytest_nccl" if os.path.basename(argv0) == "__main__.py" else "pytest-nccl"
 
 
-def main(argv: list[str] | None = None) -> int:
+def version() -> str:
+    from . import __version__
+    return f"pytest-nccl {__version__}"
+
+
+def build_parser(prog: str) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The parser and its subcommand parsers (bisect's and matrix's arguments are declared by their
+    modules, on these parsers)."""
+    from .bisect import cli as bisect_cli
+    from .bisect.matrix import cli as matrix_cli
+
+    parser = argparse.ArgumentParser(
+        prog=prog, description="pytest-nccl's commands. The pytest plugin itself needs none: "
+                               "`pytest --nccl-world=2` (see README).",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=version())
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    subs = {}
+    for name, module in (("bisect", bisect_cli), ("matrix", matrix_cli)):
+        subs[name] = sub.add_parser(name, help=COMMANDS[name], description=module.DESCRIPTION,
+                                    epilog=module.EPILOG)
+        module.add_arguments(subs[name])
+    sub.add_parser("watch", help=COMMANDS["watch"], add_help=False)
+    return parser, subs
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help", "help"):
-        sys.stdout.write(USAGE)
-        return 0 if argv else 2
-    cmd, rest = argv[0], argv[1:]
-    if cmd == "bisect":
-        from .bisect.cli import main as bisect_main
-
-        return bisect_main(rest)
-    if cmd == "matrix":
-        from .bisect.matrix_cli import main as matrix_main
-
-        return matrix_main(rest)
-    if cmd == "watch":
+    prog = prog or program_name()
+    if argv[:1] == ["watch"]:  # watch reads its own arguments (watch/cli.py)
         from .watch.cli import main as watch_main
 
-        return watch_main(rest)
-    sys.stderr.write(f"pytest-nccl: unknown command {cmd!r}\n\n{USAGE}")
-    return 2
+        return watch_main(argv[1:])
+    from .bisect import cli as bisect_cli
+    from .bisect.matrix import cli as matrix_cli
+
+    own, pytest_args = bisect_cli.split_argv(argv)
+    parser, subs = build_parser(prog)
+    try:
+        ns = parser.parse_args(own)
+        if ns.command is None:
+            parser.error(f"give a command: {', '.join(COMMANDS)} (see {prog} --help)")
+        if ns.command == "bisect":
+            ns = bisect_cli.check_args(subs["bisect"], ns, pytest_args)
+        else:
+            ns = matrix_cli.check_args(subs["matrix"], ns, pytest_args, argv[1:])
+    except SystemExit as e:  # argparse: --help and --version (0), a usage error (2, one line on stderr)
+        return int(e.code) if isinstance(e.code, int) else EXIT_USAGE
+    return (bisect_cli if ns.command == "bisect" else matrix_cli).run_command(ns)
 
 
 if __name__ == "__main__":

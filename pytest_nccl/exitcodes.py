@@ -20,7 +20,8 @@ pytest status               result
 2 interrupted               ``infra_code`` if there were failures (collection errors)
                             and all are infrastructure; else 2 (Ctrl-C stays 2)
 3 internal error            ``infra_code``
-4 usage error               4 (the command is wrong for every commit: fix it)
+4 usage error               ``infra_code`` (a node id not found, a bad setting: may
+                            depend on the commit)
 5 no tests collected        ``infra_code`` (the test does not exist at this commit)
 ==========================  ======================================================
 
@@ -121,7 +122,7 @@ def map_exitstatus(exitstatus: int, failures: Iterable[Failure], infra_code: int
     all_infra = bool(failures) and all(is_infrastructure(f) for f in failures)
     if exitstatus in (EXIT_TESTS_FAILED, EXIT_INTERRUPTED):
         return infra_code if all_infra else exitstatus
-    if exitstatus in (EXIT_INTERNAL_ERROR, EXIT_NO_TESTS):
+    if exitstatus in (EXIT_INTERNAL_ERROR, EXIT_USAGE_ERROR, EXIT_NO_TESTS):
         return infra_code
     return exitstatus
 

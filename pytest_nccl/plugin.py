@@ -1,6 +1,11 @@
 """The pytest plugin: hooks only (as xdist's ``plugin.py``). Each hook asks the session
-(``session.py``) and its mode: forked groups (``forked/``) or, under a launcher, SPMD (``spmd/``).
-Settings are parsed in ``settings.py``; nothing imports this module back.
+(``session.py``) and its mode: forked groups (``forked/``), under a launcher SPMD (``spmd/``), or on a
+platform where ranks cannot run, a mode that skips (``unsupported.py``). Settings are declared and
+parsed in ``settings.py``; nothing imports this module back.
+
+Importing this module must never break a pytest session on any platform (the plugin loads through
+its entry point wherever the package is installed): what only exists on Linux is imported when a
+Linux session configures its mode.
 """
 
 from __future__ import annotations
@@ -13,10 +18,16 @@ import pytest
 
 from .views import gate
 from .errors import DistributedTestFailure, NcclUsageError, RankSetupError
-from .forked.mode import ForkedMode
 from .views.report import NcclLongRepr
 from .session import OUTCOME_KEY, SESSION_KEY, STARTED_KEY, NcclSession
-from .settings import MARKER, add_options, parse_settings
+from .settings import (MARKER, add_options, argnames_of, exitcode_infra_of, parse_settings, rank_fixture_conflict,
+                       unsupported_platform)
+
+# A bad setting, kept from configure to the session's start: --help, --version, --markers and
+# --collect-only must still work with a bad value in the config file.
+SETTINGS_ERROR_KEY = pytest.StashKey[str]()
+# The rank fixtures the plugin itself supplied to an item (a user's own fixture of the name did not).
+RANK_FIXTURES_KEY = pytest.StashKey[set]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -28,19 +39,32 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         settings = parse_settings(config)
     except NcclUsageError as exc:
-        raise pytest.UsageError(str(exc)) from None
+        config.stash[SETTINGS_ERROR_KEY] = f"pytest-nccl: {exc}"
+        return
     session = NcclSession(config, settings)
-    if settings.backend == "nccl":
-        try:
-            session.placement(settings.world)
-        except NcclUsageError as exc:
-            raise pytest.UsageError(str(exc)) from None
     config.stash[SESSION_KEY] = session
     session.recorder = gate.ReportRecorder()
     config.pluginmanager.register(session.recorder, "nccl-report-recorder")
+    reason = unsupported_platform()
+    if reason is not None:
+        from .unsupported import UnsupportedPlatform
+        session.mode = UnsupportedPlatform(reason)
+        return
     _install_sigterm_cleanup(session)
+    # Linux only from here: the fork server's client, pidfds, flock
     from . import spmd  # SPMD mode: this process is one rank of a launched group (torchrun, srun)
+    from .forked.mode import ForkedMode
     session.mode = spmd.configure(config, session) or ForkedMode(session)
+
+
+def _usage_error(config: pytest.Config, message: str):
+    """A usage error that surfaces once the session runs: with --nccl-exitcode-infra it exits 125
+    (git bisect's skip: a node id not found or a setting the plugin of this commit does not take
+    depends on the commit), else pytest's usage error (exit 4)."""
+    code = exitcode_infra_of(config)
+    if code is not None:
+        pytest.exit(f"{message} (exit {code}: --nccl-exitcode-infra)", returncode=code)
+    raise pytest.UsageError(message)
 
 
 def _install_sigterm_cleanup(session: NcclSession) -> None:
@@ -72,15 +96,34 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
+    error = config.stash.get(SETTINGS_ERROR_KEY, None)
+    if error is not None:  # --collect-only goes on; a session that runs tests stops at its start
+        return f"nccl: {error}"
     session = config.stash.get(SESSION_KEY, None)
     return session.mode.header() if session is not None and session.mode is not None else None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session):
+    """A node id or file that does not exist (at this commit), or a bad -k/-m, is a usage error that
+    pytest raises during collection: --nccl-exitcode-infra makes it 125."""
+    try:
+        return (yield)
+    except pytest.UsageError as exc:
+        if exitcode_infra_of(session.config) is not None:
+            _usage_error(session.config, "; ".join(str(a) for a in exc.args))
+        raise
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:
     nccl = config.stash.get(SESSION_KEY, None)
     if nccl is None:
         return
+    reason = unsupported_platform()
     for item in items:
+        if reason is not None and item.get_closest_marker("nccl") is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))  # before its fixtures are set up
+            continue
         if item.get_closest_marker("nccl") is not None and isinstance(item, pytest.Function):
             mod = item.module
             if mod is not None and getattr(mod, "__file__", None):
@@ -96,6 +139,9 @@ def _runs_tests(config) -> bool:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session) -> None:
+    error = session.config.stash.get(SETTINGS_ERROR_KEY, None)
+    if error is not None and not session.config.option.collectonly:
+        _usage_error(session.config, error)
     nccl = session.config.stash.get(SESSION_KEY, None)
     if nccl is not None and _runs_tests(session.config):
         nccl.mode.session_started(session)
@@ -116,6 +162,7 @@ def _rank_fixture(name: str):
         if request.node.get_closest_marker("nccl") is None:
             raise NcclUsageError(f"the '{name}' fixture exists only inside a test marked "
                                  "@pytest.mark.nccl")
+        request.node.stash.setdefault(RANK_FIXTURES_KEY, set()).add(name)
         return request.config.stash[SESSION_KEY].mode.fixture_value(name, request)
     fixture.__name__ = name
     fixture.__doc__ = f"pytest-nccl: this rank's {name} (only in tests marked nccl)."
@@ -147,6 +194,11 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
     if pyfuncitem.get_closest_marker("nccl") is None:
         return None
     __tracebackhide__ = True
+    callspec = getattr(pyfuncitem, "callspec", None)
+    conflict = rank_fixture_conflict(argnames_of(pyfuncitem), pyfuncitem.stash.get(RANK_FIXTURES_KEY, set()),
+                                     callspec.params if callspec is not None else {})
+    if conflict is not None:
+        raise NcclUsageError(conflict)
     return pyfuncitem.config.stash[SESSION_KEY].mode.run_item(pyfuncitem)
 
 
@@ -189,13 +241,21 @@ def _world_backend(nccl: NcclSession) -> tuple[int, str]:
         return world, nccl.settings.backend
 
 
+def _junit_xml(config):
+    """pytest's JUnit XML writer when --junitxml is on. Found by its public method (the one
+    ``record_testsuite_property`` uses), not through ``_pytest.junitxml``'s private stash key."""
+    for plugin in config.pluginmanager.get_plugins():
+        if type(plugin).__name__ == "LogXML" and callable(getattr(plugin, "add_global_property", None)):
+            return plugin
+    return None
+
+
 def _junit_and_gate_start(session) -> None:
     config = session.config
     nccl = config.stash.get(SESSION_KEY, None)
     if nccl is None or _is_worker(config):
         return
-    from _pytest.junitxml import xml_key
-    xml = config.stash.get(xml_key, None)
+    xml = _junit_xml(config)
     if xml is None and not nccl.settings.report:
         return
     nccl.environment = gate.collect_environment()

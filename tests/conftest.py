@@ -12,6 +12,10 @@ from dataclasses import dataclass
 
 import pytest
 
+# The inner sessions write gate reports: on GitHub Actions they would land in the real job summary
+# (a test of the summary sets its own). Removed at import, so every subprocess inherits it too.
+os.environ.pop("GITHUB_STEP_SUMMARY", None)
+
 INNER_TIMEOUT = 240  # an inner session that takes longer than this is itself a hang
 
 

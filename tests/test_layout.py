@@ -66,8 +66,9 @@ RANK_SIDE = in_folder("core", "rank") | {
     # pytest-nccl watch: the start-up hook every process of a watched job runs
     "watch", "watch.startup", "watch.startup.sitecustomize", "watch.inject", "watch.agent", "watch.jobdir"}
 # Pure: tested on data with a fake clock; no torch, no processes, no sockets.
-PURE = in_folder("core") | {"settings", "views.timeline", "views.swimlane",
-                            "bisect.matrix", "bisect.matrix_findings", "bisect.matrix_render"}
+PURE = in_folder("core") | {"settings", "views.timeline", "views.swimlane", "bisect.tomlcompat",
+                            "bisect.matrix", "bisect.matrix.results", "bisect.matrix.findings",
+                            "bisect.matrix.render"}
 GRAPH = {name: imports_of(path)[0] & set(MODULES) for name, path in MODULES.items()}
 
 

@@ -30,15 +30,24 @@ def test_ok(rank):
     (["--nccl-world=abc"], "--nccl-world must be a whole number of ranks >= 1, got 'abc'"),
     (["--nccl-backend=mpi"], "--nccl-backend must be one of auto, nccl, gloo, got 'mpi'"),
     (["--nccl-timeout=0"], "--nccl-timeout must be a number of seconds > 0, got '0'"),
-    (["--nccl-backend=nccl", f"--nccl-world={GPUS + 1}"],
-     f"--nccl-backend=nccl needs {GPUS + 1} CUDA devices for world {GPUS + 1}; this machine has {GPUS}"),
     (["--nccl-rank-start=vfork"], "--nccl-rank-start must be one of auto, fork, spawn, got 'vfork'"),
 ])
 def test_bad_options_one_line(pytester, args, message):
     pytester.makepyfile(SIMPLE)
     result = pytester.runpytest_subprocess(*args, timeout=60)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert result.stderr.lines[0] == f"ERROR: {message}", result.stderr.str()
+    assert result.stderr.lines[0] == f"ERROR: pytest-nccl: {message}", result.stderr.str()
+    assert "Traceback" not in result.stderr.str() + result.stdout.str()
+
+
+def test_too_few_gpus_for_nccl_fails_the_test_when_its_group_starts(pytester):
+    """Not at configure: collection (an IDE on a laptop) works; the test that needs the GPUs fails."""
+    pytester.makepyfile(SIMPLE)
+    result = pytester.runpytest_subprocess("--nccl-backend=nccl", f"--nccl-world={GPUS + 1}", "-rf", timeout=60)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["FAILED *::test_ok*"])
+    assert f"pytest-nccl: --nccl-backend=nccl needs {GPUS + 1} CUDA devices for world {GPUS + 1}; this machine " \
+           f"has {GPUS}" in result.stdout.str()
     assert "Traceback" not in result.stderr.str() + result.stdout.str()
 
 

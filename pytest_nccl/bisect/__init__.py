@@ -7,7 +7,6 @@
 - :mod:`.runner`: run pytest in an env, verdict + diagnosis headline from its JUnit XML
 - :mod:`.prober`: the verdict function that glues envs and runner
 - :mod:`.cli`: ``python -m pytest_nccl bisect``
-- :mod:`.matrix`, :mod:`.matrix_findings`, :mod:`.matrix_render`: the release matrix's results and
-  cells, its findings (with the notes file), its Markdown (pure)
-- :mod:`.matrix_cli`: ``python -m pytest_nccl matrix``
+- :mod:`.matrix`: the release matrix (``pytest-nccl matrix``), a subpackage: results and cells,
+  findings (with the notes file), Markdown (pure), and its command
 """

@@ -1,9 +1,10 @@
-"""``python -m pytest_nccl bisect`` / ``pytest-nccl bisect``: find the release that broke (or fixed) a test.
+"""``pytest-nccl bisect`` (also ``python -m pytest_nccl bisect``): find the release that broke (or
+fixed) a test.
 
 Usage::
 
-    python -m pytest_nccl bisect PACKAGE --good V --bad V [options] -- PYTEST-ARGS
-    python -m pytest_nccl bisect PACKAGE --sweep --from V --to V [options] -- PYTEST-ARGS
+    pytest-nccl bisect PACKAGE --good V --bad V [options] -- PYTEST-ARGS
+    pytest-nccl bisect PACKAGE --sweep --from V --to V [options] -- PYTEST-ARGS
 
 Exit status:
 
@@ -12,7 +13,10 @@ Exit status:
   tested; 4 the release list could not be obtained or a bound is not a release; 2 usage error.
 - sweep: 0 no release is bad; 1 at least one release is bad; 5 no release could be tested;
   4 and 2 as above.
+- 6 this interpreter cannot build release envs (torch is not installed; ``--installer uv`` without uv).
 - 130 when interrupted.
+
+Progress goes to stdout, errors to stderr; a heartbeat line at least every minute of a long step.
 """
 
 from __future__ import annotations
@@ -29,9 +33,10 @@ from packaging.version import InvalidVersion, Version
 from . import builders
 from . import envs as envs_mod
 from . import search
+from .heartbeat import Heartbeat
+from .progress import TerminalReporter, render_bisect, render_sweep
 from .prober import ProbeConfig, ReleaseProber, tooling_requirements
-from .runner import RunOutcome
-from .search import BisectResult, BoundsError, Probe, SweepResult, Verdict
+from .search import BoundsError
 from .versions import IndexError_, PipIndex, PyPIJsonIndex, Release, StaticIndex, parse_version_list, select_range
 
 EXIT_FOUND = 0
@@ -40,21 +45,29 @@ EXIT_USAGE = 2
 EXIT_BOUNDS = 3
 EXIT_INDEX = 4
 EXIT_NOTHING_TESTABLE = 5
+EXIT_ENVIRONMENT = 6
 EXIT_INTERRUPTED = 130
+PROG = "pytest-nccl bisect"
+RUN_TIMEOUT = 1800.0
 
-DASH = "\u2014"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m pytest_nccl bisect",
-        description="Binary-search the releases of PACKAGE for the first one where a pytest selection "
-                    "fails (good older than bad) or passes again (good newer than bad). Each probed "
-                    "release gets its own cached env layered on the torch already installed.",
-        epilog="Everything after '--' is passed to pytest, e.g. -- suites/trl -k cpo --nccl-world=2. "
-               "Exit: bisect 0 found, 1 ambiguous (skips), 3 bounds wrong, 4 index error; "
-               "sweep 0 none bad, 1 some bad, 5 nothing testable.",
-    )
+DESCRIPTION = ("Binary-search the releases of PACKAGE for the first one where a pytest selection fails "
+               "(good older than bad) or passes again (good newer than bad). Each probed release gets its "
+               "own cached env layered on the torch already installed.")
+EPILOG = ("Everything after '--' is passed to pytest, e.g. -- suites/trl -k cpo --nccl-world=2. "
+          "Exit: bisect 0 found, 1 ambiguous (skips), 3 bounds wrong, 4 index error; sweep 0 none bad, "
+          "1 some bad, 5 nothing testable; 2 usage error, 6 torch (or uv) missing, 130 interrupted.")
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EPILOG)
+    add_arguments(p)
+    return p
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The command's arguments, on its own parser or on ``pytest-nccl``'s subcommand parser."""
     p.add_argument("package", help="distribution name on the index, e.g. trl")
     p.add_argument("--good", metavar="V", help="a release where the tests pass")
     p.add_argument("--bad", metavar="V", help="a release where the tests fail")
@@ -67,10 +80,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_release_options(p)
     p.add_argument("--no-check-bounds", action="store_true",
                    help="trust --good/--bad instead of testing them first")
-    p.add_argument("--timeout", type=float, default=1800.0, metavar="S",
-                   help="bound for one pytest run (default 1800); past it the release is a skip")
+    add_run_timeout(p, "; past it the release is a skip")
     p.add_argument("-v", "--verbose", action="store_true", help="stream the installer's and pytest's output")
-    return p
+
+
+def add_run_timeout(p: argparse.ArgumentParser, more: str = "") -> None:
+    """``--run-timeout`` (a whole pytest run). ``--timeout`` was its name up to 0.1, and means the
+    diagnosis bound in the plugin and the stall bound in watch: kept one release as a hidden alias."""
+    p.add_argument("--run-timeout", type=float, default=None, metavar="S",
+                   help=f"bound for one whole pytest run (default {RUN_TIMEOUT:.0f}){more}")
+    p.add_argument("--timeout", dest="deprecated_timeout", type=float, default=None, help=argparse.SUPPRESS)
 
 
 def add_release_options(p: argparse.ArgumentParser) -> None:
@@ -94,17 +113,25 @@ def add_release_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rebuild", action="store_true", help="rebuild envs even when cached (retries failed installs)")
 
 
-def check_release_options(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
-    """``--as-of`` to a datetime (unless 'release' or 'now') and a positive ``--timeout``, or
-    one argparse error line."""
+def check_release_options(parser: argparse.ArgumentParser, ns: argparse.Namespace,
+                          err: TextIO | None = None) -> None:
+    """``--as-of`` to a datetime (unless 'release' or 'now') and a positive ``--run-timeout``, or
+    one argparse error line; the deprecated ``--timeout`` says so on stderr and stands in for it."""
     if ns.as_of not in ("release", "now"):
         try:
             t = _dt.datetime.fromisoformat(ns.as_of.replace("Z", "+00:00"))
         except ValueError:
             parser.error(f"--as-of: {ns.as_of!r} is not 'release', 'now' or an ISO date")
         ns.as_of = t if t.tzinfo else t.replace(tzinfo=_dt.timezone.utc)
-    if ns.timeout <= 0:
-        parser.error("--timeout must be positive")
+    if ns.deprecated_timeout is not None:
+        (err or sys.stderr).write(f"{parser.prog}: --timeout is deprecated and will be removed: use "
+                                  "--run-timeout (the bound of one whole pytest run)\n")
+        if ns.run_timeout is None:
+            ns.run_timeout = ns.deprecated_timeout
+    if ns.run_timeout is None:
+        ns.run_timeout = RUN_TIMEOUT
+    if ns.run_timeout <= 0:
+        parser.error("--run-timeout must be positive")
 
 
 def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -115,10 +142,14 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+def parse_args(argv: Sequence[str], prog: str = PROG) -> argparse.Namespace:
     own, pytest_args = split_argv(argv)
-    parser = build_parser()
-    ns = parser.parse_args(own)
+    parser = build_parser(prog)
+    return check_args(parser, parser.parse_args(own), pytest_args)
+
+
+def check_args(parser: argparse.ArgumentParser, ns: argparse.Namespace, pytest_args: list[str]) -> argparse.Namespace:
+    """What argparse alone cannot check; ``parser.error`` (one line, exit 2) for what is wrong."""
     ns.pytest_args = pytest_args
     if ns.sweep:
         lo = ns.from_ or ns.good
@@ -143,118 +174,6 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         parser.error("give the pytest selection after '--', e.g. -- suites/trl -k cpo")
     check_release_options(parser, ns)
     return ns
-
-
-# --------------------------------------------------------------------------- output
-
-
-def _fmt_s(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 90:
-        return f"{seconds:.1f}s"
-    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
-
-
-class TerminalReporter:
-    """Progress lines: which version is probed, install time, test time, verdict."""
-
-    def __init__(self, out: TextIO, total: int | None = None, verbose: bool = False):
-        self.out = out
-        self.total = total
-        self.verbose = verbose
-
-    def line(self, text: str = "") -> None:
-        self.out.write(text + "\n")
-        self.out.flush()
-
-    def _part(self, text: str) -> None:
-        if self.verbose:
-            self.line(text.strip())
-        else:
-            self.out.write(text)
-            self.out.flush()
-
-    def probe_started(self, n: int, package: str, version: str, role: str | None) -> None:
-        tag = f"[{n}/{self.total}]" if self.total else f"[{n}]"
-        role_s = f" ({role})" if role else ""
-        self._part(f"{tag} {package} {version}{role_s}: env ")
-
-    def env_ready(self, result) -> None:
-        if result.cached:
-            what = "cached" if result.ok else "cached failure"
-            built = f", built in {_fmt_s(result.build_seconds)}" if result.build_seconds else ""
-            self._part(f"{what} ({_fmt_s(result.seconds)}{built})")
-        else:
-            self._part(("built" if result.ok else "failed") + f" in {_fmt_s(result.seconds)}")
-        if result.ok:
-            self._part(", tests ")
-
-    def tests_done(self, outcome: RunOutcome) -> None:
-        self._part(_fmt_s(outcome.seconds))
-
-    def probe_done(self, version: str, probe: Probe) -> None:
-        verdict = {Verdict.GOOD: "good", Verdict.BAD: "BAD", Verdict.SKIP: "skip"}[probe.verdict]
-        extra = f": {probe.headline}" if probe.headline else ""
-        self._part(f" -> {verdict}{extra}\n")
-        if probe.verdict is Verdict.SKIP and probe.detail:
-            self.line(f"      log: {probe.detail}")
-
-    def step(self, remaining: int, steps: int) -> None:
-        self.line(f"bisecting: {remaining} untested release{'s' if remaining != 1 else ''} left, "
-                  f"about {steps} more probe{'s' if steps != 1 else ''}")
-
-
-def render_bisect(result: BisectResult, package: str) -> list[str]:
-    lines = ["", "probed:"]
-    for v in sorted(result.probes, key=Version):
-        p = result.probes[v]
-        extra = f"  {p.headline}" if p.headline else ""
-        lines.append(f"  {v:<12} {p.verdict.value:<5}{extra}".rstrip())
-    if result.mode == "regression":
-        head = result.first_probe.headline if result.first_probe else None
-        final = f"first bad: {package} {result.first}"
-    else:
-        last = result.probes.get(result.last_old)
-        head = last.headline if last else None
-        final = f"first fixed: {package} {result.first}"
-        if head:
-            head = f"last bad {result.last_old}: {head}"
-    if result.ambiguous:
-        lines.append(f"note: {', '.join(result.ambiguous)} could not be tested; "
-                     f"the {'first bad' if result.mode == 'regression' else 'first fixed'} release is one of "
-                     f"{', '.join(result.ambiguous + [result.first])}")
-        final += f" (or one of the untested {', '.join(result.ambiguous)})"
-    if head:
-        final += f" {DASH} {head}"
-    lines.append(final)
-    return lines
-
-
-def render_sweep(result: SweepResult, package: str) -> list[str]:
-    lines = ["", "sweep:"]
-    for v in result.versions:
-        p = result.probes[v]
-        extra = f"  {p.headline}" if p.headline else ""
-        lines.append(f"  {v:<12} {p.verdict.value:<5}{extra}".rstrip())
-    bad = result.bad
-    if not result.good and not bad:
-        lines.append(f"no release of {package} in the range could be tested")
-        return lines
-    if not bad:
-        lines.append(f"no bad release: {package} {result.versions[0]} .. {result.versions[-1]} "
-                     f"({len(result.good)} good, {len(result.skipped)} skipped)")
-        return lines
-    runs = []
-    for run in result.bad_runs():
-        runs.append(run[0] if len(run) == 1 else f"{run[0]} .. {run[-1]}")
-    head = result.probes[bad[0]].headline
-    alone = " alone" if len(bad) == 1 else ""
-    final = f"bad: {package} {'; '.join(runs)}{alone}"
-    if head:
-        final += f" {DASH} {head}"
-    lines.append(final)
-    return lines
 
 
 # --------------------------------------------------------------------------- main
@@ -294,15 +213,19 @@ def _list_releases(ns, out: TextIO) -> list[Release]:
     return select_range(_index(ns).releases(ns.package), lo, hi, pre=ns.pre, yanked=ns.include_yanked)
 
 
+class EnvironmentProblem(Exception):
+    """This interpreter cannot build release envs (exit ``EXIT_ENVIRONMENT``, not the usage code)."""
+
+
 def _make_cache(ns, out: TextIO, prog: str = "bisect") -> tuple[envs_mod.EnvCache, str, list[str], list[str], list[str]]:
     root = envs_mod.cache_root(ns.cache_dir)
     base = envs_mod.detect_base()
     if not base.torch_version:
-        raise SystemExit(f"pytest-nccl {prog}: torch is not installed in this interpreter; install it first "
-                         "(the envs are layered on it)")
+        raise EnvironmentProblem(f"pytest-nccl {prog}: torch is not installed in this interpreter; install it "
+                                 "first (the envs are layered on it)")
     uv = builders.find_uv() if ns.installer in ("auto", "uv") else None
     if ns.installer == "uv" and not uv:
-        raise SystemExit(f"pytest-nccl {prog}: --installer uv but no uv found (pip install uv)")
+        raise EnvironmentProblem(f"pytest-nccl {prog}: --installer uv but no uv found (pip install uv)")
     if uv:
         builder = builders.UvBuilder(uv, stream=ns.verbose)
     else:
@@ -317,39 +240,48 @@ def _make_cache(ns, out: TextIO, prog: str = "bisect") -> tuple[envs_mod.EnvCach
     return envs_mod.EnvCache(root, builder, base), builder.name, tooling, lifted, constraints
 
 
-def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
-    out = out or sys.stdout
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None, prog: str = PROG) -> int:
     try:
-        ns = parse_args(list(sys.argv[1:] if argv is None else argv))
+        ns = parse_args(list(sys.argv[1:] if argv is None else argv), prog)
     except SystemExit as e:
         return int(e.code) if isinstance(e.code, int) else EXIT_USAGE
+    return run_command(ns, out)
+
+
+def run_command(ns, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """A parsed command, with Ctrl-C as exit 130."""
+    out = out or sys.stdout
     try:
-        return run(ns, out)
+        return run(ns, out, err=err)
     except KeyboardInterrupt:
-        out.write("\ninterrupted\n")
+        (err or sys.stderr).write("\ninterrupted\n")
         return EXIT_INTERRUPTED
 
 
-def run(ns, out: TextIO, *, index=None, make_cache=None, run_tests=None) -> int:
-    """Run a parsed command. ``index``, ``make_cache(ns, out)`` and ``run_tests`` (the pytest
-    runner) are injectable: the project's tests drive the whole CLI on a fake index."""
+def run(ns, out: TextIO, *, err: TextIO | None = None, index=None, make_cache=None, run_tests=None,
+        heartbeat: Heartbeat | None = None) -> int:
+    """Run a parsed command: progress on ``out``, errors on ``err`` (stderr). ``index``,
+    ``make_cache(ns, out)``, ``run_tests`` (the pytest runner) and ``heartbeat`` are injectable: the
+    project's tests drive the whole CLI on a fake index."""
+    err = err or sys.stderr
     ns.index = index
     try:
         releases = _list_releases(ns, out)
     except IndexError_ as e:
-        out.write(f"pytest-nccl bisect: {e}\n")
+        err.write(f"pytest-nccl bisect: {e}\n")
         return EXIT_INDEX
     versions = [r.version for r in releases]
     try:
         cache, installer, tooling, lifted, constraints = (make_cache or _make_cache)(ns, out)
-    except SystemExit as e:
-        out.write(f"{e}\n")
-        return EXIT_USAGE
+    except EnvironmentProblem as e:
+        err.write(f"{e}\n")
+        return EXIT_ENVIRONMENT
+    step = (heartbeat or Heartbeat(out)).step
     extra_kw = {"run": run_tests} if run_tests is not None else {}
     base = cache.base
     config = ProbeConfig(package=ns.package, pytest_args=list(ns.pytest_args), extra=list(ns.extra),
                          tooling=tooling, constraints=constraints, lifted=lifted, as_of=ns.as_of,
-                         installer=installer, timeout=ns.timeout, rebuild=ns.rebuild, cwd=os.getcwd(),
+                         installer=installer, timeout=ns.run_timeout, rebuild=ns.rebuild, cwd=os.getcwd(),
                          stream=ns.verbose)
     as_of = ns.as_of if isinstance(ns.as_of, str) else ns.as_of.isoformat()
     out.write(f"pytest-nccl bisect: {ns.package} {', '.join(versions)} ({len(versions)} release"
@@ -362,7 +294,7 @@ def run(ns, out: TextIO, *, index=None, make_cache=None, run_tests=None) -> int:
 
     if ns.sweep:
         reporter = TerminalReporter(out, total=len(versions), verbose=ns.verbose)
-        prober = ReleaseProber(cache, by_version, config, reporter=reporter, **extra_kw)
+        prober = ReleaseProber(cache, by_version, config, reporter=reporter, step=step, **extra_kw)
         result = search.sweep(versions, prober)
         for ln in render_sweep(result, ns.package):
             out.write(ln + "\n")
@@ -375,14 +307,14 @@ def run(ns, out: TextIO, *, index=None, make_cache=None, run_tests=None) -> int:
               f"the {'first bad' if mode == 'regression' else 'first fixed'} release\n")
     reporter = TerminalReporter(out, verbose=ns.verbose)
     roles = {ns.good: "good bound", ns.bad: "bad bound"}
-    prober = ReleaseProber(cache, by_version, config, reporter=reporter, roles=roles, **extra_kw)
+    prober = ReleaseProber(cache, by_version, config, reporter=reporter, roles=roles, step=step, **extra_kw)
     try:
         result = search.bisect(versions, ns.good, ns.bad, prober, check_bounds=not ns.no_check_bounds,
                                on_step=reporter.step)
     except BoundsError as e:
-        out.write(f"pytest-nccl bisect: {e}\n")
+        err.write(f"pytest-nccl bisect: {e}\n")
         if e.probe.detail:
-            out.write(f"  log: {e.probe.detail}\n")
+            err.write(f"  log: {e.probe.detail}\n")
         return EXIT_BOUNDS
     if result.first not in result.probes and result.mode == "regression":
         # bounds trusted: probe the answer once for its headline

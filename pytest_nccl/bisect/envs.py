@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import fcntl
 import hashlib
 import importlib.metadata as md
 import json
@@ -297,6 +296,7 @@ class Builder(Protocol):
 @contextlib.contextmanager
 def _locked(lock_path: Path):
     lock_path.parent.mkdir(parents=True, exist_ok=True)
+    import fcntl  # here, not at import: `pytest-nccl --version` and --help work on any platform
     with open(lock_path, "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:

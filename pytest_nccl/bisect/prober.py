@@ -9,8 +9,9 @@ from __future__ import annotations
 import datetime as _dt
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Callable, ContextManager, Mapping, Protocol, Sequence
 
+from . import heartbeat, tomlcompat
 from .envs import EnvCache, EnvRequest, EnvResult
 from .runner import RunOutcome, run_pytest
 from .search import Probe, Verdict
@@ -72,8 +73,10 @@ class ReleaseProber:
     def __init__(self, cache: EnvCache, releases: Mapping[str, Release], config: ProbeConfig,
                  reporter: Reporter | None = None,
                  run: Callable[..., RunOutcome] = run_pytest,
-                 roles: Mapping[str, str] | None = None):
+                 roles: Mapping[str, str] | None = None,
+                 step: Callable[[str], ContextManager[None]] = heartbeat.nothing):
         self.cache = cache
+        self.step = step  # a heartbeat while each long step runs
         self.releases = dict(releases)
         self.config = config
         self.reporter = reporter
@@ -89,7 +92,8 @@ class ReleaseProber:
         if rep:
             rep.probe_started(self.count, self.config.package, version, self.roles.get(version))
         request = make_request(self.config, version, self.releases.get(version))
-        env = self.cache.ensure(request, rebuild=self.config.rebuild)
+        with self.step(f"env of {self.config.package} {version}"):
+            env = self.cache.ensure(request, rebuild=self.config.rebuild)
         self.env_results[version] = env
         if rep:
             rep.env_ready(env)
@@ -100,8 +104,9 @@ class ReleaseProber:
             if rep:
                 rep.probe_done(version, probe)
             return probe
-        outcome = self._run(env.python, self.config.pytest_args, log=Path(env.path) / "pytest.log",
-                            timeout=self.config.timeout, cwd=self.config.cwd, stream=self.config.stream)
+        with self.step(f"tests on {self.config.package} {version}"):
+            outcome = self._run(env.python, self.config.pytest_args, log=Path(env.path) / "pytest.log",
+                                timeout=self.config.timeout, cwd=self.config.cwd, stream=self.config.stream)
         self.outcomes[version] = outcome
         if rep:
             rep.tests_done(outcome)
@@ -127,14 +132,9 @@ def tooling_requirements(pyproject: Path | None = None) -> list[str]:
         reqs = None
     if reqs is None and pyproject is not None and pyproject.is_file():
         try:
-            import tomllib
-        except ImportError:  # pragma: no cover - Python 3.10
-            tomllib = None  # type: ignore
-        if tomllib is not None:
-            try:
-                reqs = tomllib.loads(pyproject.read_text()).get("project", {}).get("dependencies")
-            except Exception:
-                reqs = None
+            reqs = tomlcompat.loads(pyproject.read_text()).get("project", {}).get("dependencies")
+        except (OSError, tomlcompat.TOMLDecodeError):
+            reqs = None
     out = [r for r in (reqs or []) if "extra ==" not in r.replace('"', "").replace("'", "")]
     if not any(r.strip().lower().startswith("pytest") for r in out):
         out.insert(0, "pytest>=8")

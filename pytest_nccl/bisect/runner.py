@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .. import exitcodes
+from . import tomlcompat
 from .search import Verdict
 
 HEADLINE_PROPERTY = "nccl_diagnosis"
@@ -178,9 +179,7 @@ def plugin_entry_points(pyproject: Path | None = None) -> tuple[str, dict[str, s
     distribution, else ``nccl = pytest_nccl.plugin``."""
     pyproject = pyproject or plugin_source_dir().parent / "pyproject.toml"
     try:
-        import tomllib
-
-        doc = tomllib.loads(pyproject.read_text())
+        doc = tomlcompat.loads(pyproject.read_text())
         project = doc.get("project", {})
         eps = dict(project.get("entry-points", {}).get("pytest11", {}))
         if eps:

@@ -8,7 +8,6 @@ visible sets still never share a physical device."""
 
 from __future__ import annotations
 
-import fcntl
 import os
 import tempfile
 import time
@@ -28,6 +27,7 @@ class Lease:
         self.ids, self._files = ids, files
 
     def release(self) -> None:
+        import fcntl  # here, not at import: the plugin must load on platforms without it
         for f in self._files:
             try:
                 fcntl.flock(f, fcntl.LOCK_UN)
@@ -44,6 +44,7 @@ class GpuLeaser:
         os.makedirs(self.lock_dir, exist_ok=True)
 
     def try_acquire(self, n: int) -> Lease | None:
+        import fcntl  # here, not at import: the plugin must load on platforms without it
         taken = []
         for i in range(self.device_count):
             name = self.names[i]

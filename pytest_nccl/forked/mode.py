@@ -17,13 +17,10 @@ from ..core.reports import CallResult
 from ..core.states import RankState
 from ..errors import NcclUsageError, RankSetupError
 from ..session import NcclSession, exception_class, item_budget, item_outcome, record_failure, write_trace
-from ..settings import Budget, Placement, parse_marker
+from ..settings import RANK_FIXTURES, Budget, Placement, argnames_of, parse_marker
 from ..views.report import format_report
 from .gpus import GpuLeaser
 from .pool import GroupPool
-
-RANK_FIXTURES = ("rank", "world_size", "device", "backend")
-
 
 class RankValue:
     """What a rank-side fixture holds in the controller: the real value exists only in a rank."""
@@ -237,7 +234,7 @@ def _same_error_everywhere(result: CallResult, world: int) -> NcclUsageError | N
 def _test_kwargs(item: pytest.Function) -> tuple[dict, list[str]]:
     """The arguments to send: fixture and parametrize values that pickle; rank-side names apart."""
     kwargs, rank_args = {}, []
-    for name in item._fixtureinfo.argnames:
+    for name in argnames_of(item):
         if name in RANK_FIXTURES:
             rank_args.append(name)
             continue

@@ -70,6 +70,8 @@ def load_module(name: str, path: str):
     with open(path, "rb") as f:
         source = f.read()
     try:
+        # pytest's assertion rewriting is private API (``rewrite_asserts(mod, source, module_path)``
+        # since pytest 6): should it move or change, the module loads with plain asserts instead
         from _pytest.assertion.rewrite import rewrite_asserts
         tree = ast.parse(source, filename=path)
         rewrite_asserts(tree, source, path)

@@ -255,10 +255,13 @@ class NcclLongRepr:
     the JUnit failure message) and whose body is the collective trace."""
 
     def __init__(self, headline: str, body: str, path: str, lineno: int):
-        from _pytest._code.code import ReprFileLocation
+        try:  # pytest's own crash location (private module): its JUnit and -r summaries read it
+            from _pytest._code.code import ReprFileLocation
+        except ImportError:
+            from types import SimpleNamespace as ReprFileLocation  # the three fields they read
         self.headline = headline
         self.body = body
-        self.reprcrash = ReprFileLocation(path, lineno, headline)
+        self.reprcrash = ReprFileLocation(path=path, lineno=lineno, message=headline)
         self.sections: list = []
 
     def toterminal(self, tw) -> None:

@@ -155,9 +155,9 @@ def test_matrix_page_is_what_its_results_and_notes_give():
     and every row of the results is a cell the suite has now (no stale rows after a rename)."""
     import pathlib
 
-    from pytest_nccl.bisect.matrix import Results
-    from pytest_nccl.bisect.matrix_findings import parse_about, parse_notes
-    from pytest_nccl.bisect.matrix_render import render
+    from pytest_nccl.bisect.matrix.results import Results
+    from pytest_nccl.bisect.matrix.findings import parse_about, parse_notes
+    from pytest_nccl.bisect.matrix.render import render
     from pytest_nccl.testing import trl_matrix as matrix
 
     here = pathlib.Path(__file__).parent

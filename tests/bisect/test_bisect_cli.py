@@ -37,13 +37,13 @@ class FakeRunner:
 def drive(argv, tmp_path, bad, builder=None, index=None):
     builder = builder or FakeBuilder()
     runner = FakeRunner(bad)
-    out = io.StringIO()
+    out, err = io.StringIO(), io.StringIO()
     ns = cli.parse_args(argv)
     cache = EnvCache(tmp_path / "cache", builder, BASE)
-    code = cli.run(ns, out, index=index or StaticIndex({"trl": RELEASES}),
+    code = cli.run(ns, out, err=err, index=index or StaticIndex({"trl": RELEASES}),
                    make_cache=lambda ns, out: (cache, "fake", ["pytest>=8"], [], ["torch==2.13.0+cpu"]),
                    run_tests=runner)
-    return code, out.getvalue(), builder, runner
+    return code, out.getvalue() + err.getvalue(), builder, runner  # errors last: they are on stderr
 
 
 def test_first_bad(tmp_path):
@@ -155,7 +155,7 @@ def test_parse_args_details():
     assert ns.extra == ["peft", "x<2"]
     assert ns.pytest_args == ["suites/trl", "--nccl-world=2", "--", "after"]
     assert ns.as_of.isoformat() == "2025-02-01T00:00:00+00:00"
-    assert ns.range == ("0.13.0", "0.16.1") and ns.installer == "auto" and ns.timeout == 1800
+    assert ns.range == ("0.13.0", "0.16.1") and ns.installer == "auto" and ns.run_timeout == 1800
 
 
 def test_dunder_main_dispatch(capsys):

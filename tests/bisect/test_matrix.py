@@ -8,20 +8,12 @@ import pytest
 from fakes import FakeBuilder
 
 from pytest_nccl.__main__ import main as dunder_main
-from pytest_nccl.bisect import matrix_cli
+from pytest_nccl.bisect.matrix import cli as matrix_cli
 from pytest_nccl.bisect.envs import BaseInfo, EnvCache
-from pytest_nccl.bisect.matrix import (
-    Results,
-    ResultsError,
-    Run,
-    TestRecord,
-    cell,
-    latest_patches,
-    row_labels,
-    skip_reason,
-)
-from pytest_nccl.bisect.matrix_findings import findings, red_ranges
-from pytest_nccl.bisect.matrix_render import render
+from pytest_nccl.bisect.matrix.results import (Results, ResultsError, Run, TestRecord, cell, latest_patches, row_labels,
+                                       skip_reason)
+from pytest_nccl.bisect.matrix.findings import findings, red_ranges
+from pytest_nccl.bisect.matrix.render import render
 from pytest_nccl.bisect.runner import CaseResult, RunOutcome
 from pytest_nccl.bisect.search import Verdict
 from pytest_nccl.bisect.versions import StaticIndex
@@ -293,14 +285,14 @@ class FakeRunner:
 
 
 def drive(argv, tmp_path, builder=None, runner=None, index=None):
-    builder, runner, out = builder or FakeBuilder(), runner or FakeRunner(), io.StringIO()
+    builder, runner, out, err = builder or FakeBuilder(), runner or FakeRunner(), io.StringIO(), io.StringIO()
     ns = matrix_cli.parse_args(argv)
     cache = EnvCache(tmp_path / "cache", builder, BASE)
-    code = matrix_cli.run(ns, out, index=index or StaticIndex({"trl": RELEASES}),
+    code = matrix_cli.run(ns, out, err=err, index=index or StaticIndex({"trl": RELEASES}),
                           make_cache=lambda ns, out, prog: (cache, "fake", ["pytest>=8"], [], ["torch==2.13.0+cpu"]),
                           run_tests=runner, packages_of=lambda python, names: dict(PKGS, trl=version_of(python)),
                           now=lambda: NOW)
-    return code, out.getvalue(), builder, runner
+    return code, out.getvalue() + err.getvalue(), builder, runner  # errors last: they are on stderr
 
 
 def argv_for(tmp_path, *extra):
@@ -322,7 +314,7 @@ def test_cli_one_run_writes_json_and_markdown(tmp_path):
     assert doc["worlds"] == [2, 4] and doc["versions"] == ["0.14.0", "0.15.0", "0.15.1", "0.16.0"]
     assert doc["runs"]["0.15.0"]["4"]["tests"][SFT] == {"outcome": "failed", "headline": H}
     assert doc["runs"]["0.15.0"]["4"]["packages"]["trl"] == "0.15.0" and doc["torch"] == "2.13.0+cpu"
-    assert doc["command"].startswith("python -m pytest_nccl matrix trl --from 0.14.0 --to 0.16.0")
+    assert doc["command"].startswith("pytest-nccl matrix trl --from 0.14.0 --to 0.16.0")
     md = (tmp_path / "M.md").read_text()
     assert "| sft \u00b7 ragged | pass | w2 pass; w4: \u274c shape mismatch: all_gather | w2 pass; w4: \u274c shape" in md
     assert "| dpo \u00b7 even\u00b9 | w2 pass; w4 skip |" in md
@@ -393,7 +385,7 @@ def test_cli_timeout_is_a_red_cell_with_its_reason(tmp_path):
                                         f"  - 0.15.0 (first bad): w2 pass; w4: {H}"]
 
 
-def test_cli_render_only(tmp_path):
+def test_cli_render_only(tmp_path, capsys):
     drive(argv_for(tmp_path), tmp_path)
     md = (tmp_path / "M.md").read_text()
     (tmp_path / "M.md").unlink()
@@ -402,7 +394,9 @@ def test_cli_render_only(tmp_path):
                            out=out)
     assert code == 0 and (tmp_path / "M.md").read_text() == md
     code = matrix_cli.main(["--render-only", "--results", str(tmp_path / "none.json")], out=(out := io.StringIO()))
-    assert code == 2 and out.getvalue().startswith("pytest-nccl matrix: cannot read") and out.getvalue().count("\n") == 1
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("pytest-nccl matrix: cannot read") and err.count("\n") == 1
+    assert out.getvalue() == ""
 
 
 def test_cli_latest_patch_versions_and_index_errors(tmp_path):
@@ -453,7 +447,7 @@ def test_dunder_main_dispatches_matrix(capsys):
 
 
 def test_short_headlines_name_the_kind_of_failure():
-    from pytest_nccl.bisect.matrix import short_headline
+    from pytest_nccl.bisect.matrix.results import short_headline
 
     assert short_headline(H) == "shape mismatch: all_gather"
     assert short_headline("op mismatch at collective #15 of group default: ranks 0-2 all_gather, rank 3 "
@@ -481,8 +475,8 @@ new = true
 
 
 def test_notes_parse_match_and_refuse_bad_input():
-    from pytest_nccl.bisect.matrix import ResultsError
-    from pytest_nccl.bisect.matrix_findings import note_for, parse_notes
+    from pytest_nccl.bisect.matrix.results import ResultsError
+    from pytest_nccl.bisect.matrix.findings import note_for, parse_notes
 
     notes = parse_notes(NOTES)
     assert note_for("cpo \u00b7 eval_uneven", notes).text.startswith("trl#3068")
@@ -494,7 +488,7 @@ def test_notes_parse_match_and_refuse_bad_input():
 
 
 def test_findings_of_one_trainer_that_read_the_same_are_one_group_with_its_note():
-    from pytest_nccl.bisect.matrix_findings import group_findings, parse_notes
+    from pytest_nccl.bisect.matrix.findings import group_findings, parse_notes
 
     bad = ("failed", H)
     other = ("failed", "ranks 0,1 raised AttributeError: x")
@@ -511,7 +505,7 @@ def test_findings_of_one_trainer_that_read_the_same_are_one_group_with_its_note(
 
 
 def test_the_notes_about_text_goes_under_the_title(tmp_path):
-    from pytest_nccl.bisect.matrix_findings import parse_about
+    from pytest_nccl.bisect.matrix.findings import parse_about
 
     text = 'about = """Rows are trainer \u00b7 stressor."""\n' + NOTES
     assert parse_about(text) == "Rows are trainer \u00b7 stressor." and parse_about(NOTES) == ""
@@ -522,7 +516,7 @@ def test_the_notes_about_text_goes_under_the_title(tmp_path):
 
 
 def test_a_row_red_for_two_reasons_gets_the_note_of_each_range():
-    from pytest_nccl.bisect.matrix_findings import parse_notes
+    from pytest_nccl.bisect.matrix.findings import parse_notes
 
     notes = parse_notes('''
 [[note]]

@@ -1,19 +1,22 @@
-"""``python -m pytest_nccl matrix``: run a pytest selection over many releases and world sizes.
+"""``pytest-nccl matrix`` (also ``python -m pytest_nccl matrix``): run a pytest selection over many
+releases and world sizes.
 
 Usage::
 
-    python -m pytest_nccl matrix PACKAGE (--from V --to V | --versions LIST) [--latest-patch [--keep V,...]]
+    pytest-nccl matrix PACKAGE (--from V --to V | --versions LIST) [--latest-patch [--keep V,...]]
         [--world N ...] --results FILE.json [--out FILE.md] [options] -- PYTEST-ARGS
-    python -m pytest_nccl matrix --render-only --results FILE.json [--out FILE.md]
+    pytest-nccl matrix --render-only --results FILE.json [--out FILE.md]
 
-Glue: the releases come from :mod:`.versions`, each release's env from the same
+Glue: the releases come from :mod:`..versions`, each release's env from the same
 ``EnvCache``/``make_request``/``ProbeConfig`` path as ``bisect`` (same cache root and fingerprint,
-so the envs are shared), each (release, world) run from :func:`.runner.run_pytest` with
+so the envs are shared), each (release, world) run from :func:`..runner.run_pytest` with
 ``--nccl-world=N`` added. The results JSON is saved after every run and a (release, world) already
 in it is not run again (``--rerun`` runs it again); the Markdown is written after every release.
 
 Exit status: 0 it ran (failing tests are results, not errors), 2 usage error, 4 the release list
-could not be had, 130 interrupted.
+could not be had, 6 this interpreter cannot build release envs (torch is not installed; ``--installer
+uv`` without uv), 130 interrupted. Progress goes to stdout, errors to stderr; a heartbeat line at
+least every minute of a long step.
 """
 
 from __future__ import annotations
@@ -32,31 +35,38 @@ from typing import Callable, Sequence, TextIO
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from . import cli as bisect_cli
-from .matrix import KEY_PACKAGES, Results, ResultsError, Run, TestRecord, latest_patches
-from .matrix_findings import parse_about, parse_notes
-from .matrix_render import render
-from .prober import ProbeConfig, make_request
-from .runner import RunOutcome, run_pytest
-from .versions import IndexError_, Release, parse_version_list, select_range
+from .. import cli as bisect_cli
+from .results import KEY_PACKAGES, Results, ResultsError, Run, TestRecord, latest_patches
+from .findings import parse_about, parse_notes
+from .render import render
+from ..heartbeat import Heartbeat
+from ..progress import fmt_seconds
+from ..prober import ProbeConfig, make_request
+from ..runner import RunOutcome, run_pytest
+from ..versions import IndexError_, Release, parse_version_list, select_range
 
 EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_INDEX = 4
+EXIT_ENVIRONMENT = bisect_cli.EXIT_ENVIRONMENT
 EXIT_INTERRUPTED = 130
+PROG = "pytest-nccl matrix"
+DESCRIPTION = ("Run a pytest selection on every release of PACKAGE in a range, at one or more world sizes, each "
+               "release in its own cached env (shared with bisect), and write a Markdown matrix (tests x "
+               "releases) with the findings. Resumable: runs already in --results are not run again.")
+EPILOG = ("Everything after '--' is passed to pytest, e.g. -- suites/trl/matrix -p no:randomly; the tool adds "
+          "--nccl-world=N per run. Exit: 0 ran (red cells are results), 2 usage, 4 index error, 6 torch (or uv) "
+          "missing, 130 interrupted.")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m pytest_nccl matrix",
-        description="Run a pytest selection on every release of PACKAGE in a range, at one or more world "
-                    "sizes, each release in its own cached env (shared with bisect), and write a Markdown "
-                    "matrix (tests x releases) with the findings. Resumable: runs already in --results "
-                    "are not run again.",
-        epilog="Everything after '--' is passed to pytest, e.g. -- suites/trl/matrix -p no:randomly; the tool "
-               "adds --nccl-world=N per run. Exit: 0 ran (red cells are results), 2 usage, 4 index error, "
-               "130 interrupted.",
-    )
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EPILOG)
+    add_arguments(p)
+    return p
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The command's arguments, on its own parser or on ``pytest-nccl``'s subcommand parser."""
     p.add_argument("package", nargs="?", help="distribution name on the index, e.g. trl")
     p.add_argument("--from", dest="from_", metavar="V", help="first release of the range")
     p.add_argument("--to", metavar="V", help="last release of the range")
@@ -77,17 +87,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "under Findings, and an 'about' text shown under the title (default: notes.toml "
                         "beside --results, when there is one)")
     bisect_cli.add_release_options(p)
-    p.add_argument("--timeout", type=float, default=1800.0, metavar="S",
-                   help="bound for one pytest run (default 1800)")
+    bisect_cli.add_run_timeout(p)
     p.add_argument("-v", "--verbose", action="store_true", help="stream the installer's and pytest's output")
-    return p
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+def parse_args(argv: Sequence[str], prog: str = PROG) -> argparse.Namespace:
     own, pytest_args = bisect_cli.split_argv(argv)
-    parser = build_parser()
-    ns = parser.parse_args(own)
-    ns.argv = list(argv)
+    parser = build_parser(prog)
+    return check_args(parser, parser.parse_args(own), pytest_args, argv)
+
+
+def check_args(parser: argparse.ArgumentParser, ns: argparse.Namespace, pytest_args: list[str],
+               argv: Sequence[str]) -> argparse.Namespace:
+    """What argparse alone cannot check; ``parser.error`` (one line, exit 2) for what is wrong."""
+    ns.argv, ns.prog = list(argv), parser.prog
     ns.pytest_args = pytest_args
     ns.results = Path(ns.results)
     ns.out = Path(ns.out) if ns.out else ns.results.with_suffix(".md")
@@ -204,10 +217,10 @@ class Progress:
         if not first:
             self._write("env ready, " if env.ok else "env failed")
         elif env.cached:
-            self._write(("env cached" if env.ok else "env cached failure") + f" ({bisect_cli._fmt_s(env.seconds)})")
+            self._write(("env cached" if env.ok else "env cached failure") + f" ({fmt_seconds(env.seconds)})")
             self._write(", " if env.ok else "")
         else:
-            self._write(("env built" if env.ok else "env failed") + f" in {bisect_cli._fmt_s(env.seconds)}")
+            self._write(("env built" if env.ok else "env failed") + f" in {fmt_seconds(env.seconds)}")
             self._write(", " if env.ok else "")
 
     def cannot_install(self, reason: str | None) -> None:
@@ -216,7 +229,7 @@ class Progress:
     def done(self, run: Run) -> None:
         c = run.counts()
         parts = [f"{c[k]} {k}" for k in ("passed", "failed", "error", "skipped", "xfailed") if c[k]]
-        text = f"tests {bisect_cli._fmt_s(run.seconds)}: " + (", ".join(parts) or "no tests")
+        text = f"tests {fmt_seconds(run.seconds)}: " + (", ".join(parts) or "no tests")
         if run.problem:
             text += f" ({run.problem})"
         self._write(text, end=True)
@@ -225,19 +238,24 @@ class Progress:
 # --------------------------------------------------------------------------- main
 
 
-def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
-    out = out or sys.stdout
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None, prog: str = PROG) -> int:
     try:
-        ns = parse_args(list(sys.argv[1:] if argv is None else argv))
+        ns = parse_args(list(sys.argv[1:] if argv is None else argv), prog)
     except SystemExit as e:
         return int(e.code) if isinstance(e.code, int) else EXIT_USAGE
+    return run_command(ns, out)
+
+
+def run_command(ns, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """A parsed command; Ctrl-C and SIGTERM as exit 130."""
+    out = out or sys.stdout
     # `kill` of a long matrix ends it as Ctrl-C does: what ran is saved, the running pytest's
     # process group is killed (run_pytest), and the run it was in is not recorded
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        return run(ns, out)
+        return run(ns, out, err=err)
     except KeyboardInterrupt:  # before the runs (listing releases, making the cache)
-        out.write("\ninterrupted\n")
+        (err or sys.stderr).write("\ninterrupted\n")
         return EXIT_INTERRUPTED
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -258,21 +276,24 @@ def write_markdown(results: Results, path: Path, notes=(), about: str = "") -> N
     os.replace(tmp, path)
 
 
-def _load(ns, out: TextIO) -> Results | None:
+def _load(ns, err: TextIO) -> Results | None:
     try:
         return Results.load(ns.results)
     except (OSError, ResultsError) as e:
-        out.write(f"pytest-nccl matrix: cannot read {ns.results}: {e}\n")
+        err.write(f"pytest-nccl matrix: cannot read {ns.results}: {e}\n")
         return None
 
 
-def run(ns, out: TextIO, *, index=None, make_cache=None, run_tests: Callable[..., RunOutcome] = run_pytest,
+def run(ns, out: TextIO, *, err: TextIO | None = None, index=None, make_cache=None,
+        run_tests: Callable[..., RunOutcome] = run_pytest,
         packages_of: Callable[[Path, Sequence[str]], dict[str, str]] = read_packages,
-        now: Callable[[], _dt.datetime] = _now) -> int:
-    """Run a parsed command. ``index``, ``make_cache(ns, out)``, ``run_tests`` (the pytest runner),
-    ``packages_of(python, names)`` and ``now`` are injectable: the tests drive it without envs."""
+        now: Callable[[], _dt.datetime] = _now, heartbeat: Heartbeat | None = None) -> int:
+    """Run a parsed command: progress on ``out``, errors on ``err`` (stderr). ``index``,
+    ``make_cache(ns, out)``, ``run_tests`` (the pytest runner), ``packages_of(python, names)``, ``now``
+    and ``heartbeat`` are injectable: the tests drive it without envs."""
+    err = err or sys.stderr
     if ns.render_only:
-        results = _load(ns, out)
+        results = _load(ns, err)
         if results is None:
             return EXIT_USAGE
         write_markdown(results, ns.out, ns.note_list, ns.about)
@@ -282,21 +303,21 @@ def run(ns, out: TextIO, *, index=None, make_cache=None, run_tests: Callable[...
     try:
         releases = list_releases(ns, out)
     except IndexError_ as e:
-        out.write(f"pytest-nccl matrix: {e}\n")
+        err.write(f"pytest-nccl matrix: {e}\n")
         return EXIT_INDEX
     if not releases:
-        out.write(f"pytest-nccl matrix: no release of {ns.package} left to run\n")
+        err.write(f"pytest-nccl matrix: no release of {ns.package} left to run\n")
         return EXIT_INDEX
     results = Results(ns.package, list(ns.pytest_args))
     if ns.results.exists():
-        old = _load(ns, out)
+        old = _load(ns, err)
         if old is None:
             return EXIT_USAGE
         if canonicalize_name(old.package) != canonicalize_name(ns.package):
-            out.write(f"pytest-nccl matrix: {ns.results} holds {old.package}, not {ns.package}\n")
+            err.write(f"pytest-nccl matrix: {ns.results} holds {old.package}, not {ns.package}\n")
             return EXIT_USAGE
         if old.pytest_args != list(ns.pytest_args) and not ns.rerun:
-            out.write(f"pytest-nccl matrix: {ns.results} was made with `pytest {shlex.join(old.pytest_args)}`, "
+            err.write(f"pytest-nccl matrix: {ns.results} was made with `pytest {shlex.join(old.pytest_args)}`, "
                       f"not `pytest {shlex.join(ns.pytest_args)}`; give another --results, or --rerun to start "
                       "it again\n")
             return EXIT_USAGE
@@ -304,18 +325,19 @@ def run(ns, out: TextIO, *, index=None, make_cache=None, run_tests: Callable[...
             results = old
     try:
         cache, installer, tooling, lifted, constraints = (make_cache or bisect_cli._make_cache)(ns, out, "matrix")
-    except SystemExit as e:
-        out.write(f"{e}\n")
-        return EXIT_USAGE
+    except bisect_cli.EnvironmentProblem as e:
+        err.write(f"{e}\n")
+        return EXIT_ENVIRONMENT
+    step = (heartbeat or Heartbeat(out)).step
     base = cache.base
     config = ProbeConfig(package=ns.package, pytest_args=list(ns.pytest_args), extra=list(ns.extra),
                          tooling=tooling, constraints=constraints, lifted=lifted, as_of=ns.as_of,
-                         installer=installer, timeout=ns.timeout, rebuild=ns.rebuild, cwd=os.getcwd(),
+                         installer=installer, timeout=ns.run_timeout, rebuild=ns.rebuild, cwd=os.getcwd(),
                          stream=ns.verbose)
     versions = [r.version for r in releases]
     as_of = ns.as_of if isinstance(ns.as_of, str) else ns.as_of.isoformat()
     results.package, results.pytest_args, results.as_of = ns.package, list(ns.pytest_args), as_of
-    results.command = "python -m pytest_nccl matrix " + shlex.join(ns.argv)
+    results.command = f"{ns.prog} {shlex.join(ns.argv)}"  # as the user ran it
     results.python, results.torch = base.python_version, base.torch_version or ""
     results.plan(versions, ns.worlds)
     todo = [(v, w) for v in versions for w in ns.worlds if ns.rerun or results.get(v, w) is None]
@@ -333,7 +355,7 @@ def run(ns, out: TextIO, *, index=None, make_cache=None, run_tests: Callable[...
             worlds = [w for w in ns.worlds if (v, w) in todo]
             if worlds:
                 _run_release(ns, results, cache, config, by_version[v], worlds, progress, run_tests,
-                             packages_of, now)
+                             packages_of, now, step)
                 write_markdown(results, ns.out, ns.note_list, ns.about)
     except KeyboardInterrupt:
         results.save(ns.results)
@@ -348,9 +370,10 @@ def run(ns, out: TextIO, *, index=None, make_cache=None, run_tests: Callable[...
 
 
 def _run_release(ns, results: Results, cache, config: ProbeConfig, release: Release, worlds: list[int],
-                 progress: Progress, run_tests, packages_of, now) -> None:
+                 progress: Progress, run_tests, packages_of, now, step) -> None:
     v = release.version
-    env = cache.ensure(make_request(config, v, release), rebuild=ns.rebuild)
+    with step(f"env of {ns.package} {v}"):
+        env = cache.ensure(make_request(config, v, release), rebuild=ns.rebuild)
     built = env.build_seconds  # what building it took, whether now or on an earlier run
     packages: dict[str, str] = {}
     if env.ok:
@@ -363,9 +386,10 @@ def _run_release(ns, results: Results, cache, config: ProbeConfig, release: Rele
             progress.cannot_install(env.reason)
             record = Run(v, w, env_ok=False, env_reason=env.reason, env_seconds=built, date=date)
         else:
-            outcome = run_tests(env.python, [*config.pytest_args, f"--nccl-world={w}"],
-                                log=Path(env.path) / f"pytest-w{w}.log", timeout=config.timeout, cwd=config.cwd,
-                                stream=config.stream)
+            with step(f"tests on {ns.package} {v} at world {w}"):
+                outcome = run_tests(env.python, [*config.pytest_args, f"--nccl-world={w}"],
+                                    log=Path(env.path) / f"pytest-w{w}.log", timeout=config.timeout, cwd=config.cwd,
+                                    stream=config.stream)
             record = run_record(v, w, outcome, packages, built, date)
             progress.done(record)
         results.put(record)

@@ -1,7 +1,7 @@
 """The release matrix's findings: which rows are red on which releases, since when, fixed where
 (:func:`findings`); what is known about them (a notes file, :func:`parse_notes`); and the rows of
 one trainer that read the same, merged into one entry (:func:`group_findings`). Pure, as
-:mod:`.matrix`, whose cells it reads."""
+:mod:`.results`, whose cells it reads."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from typing import Mapping, Sequence
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion
 
-from .matrix import DASH, Results, ResultsError, cell, row_labels, short_headline
+from .. import tomlcompat
+from .results import DASH, Results, ResultsError, cell, row_labels, short_headline
 
 
 # --------------------------------------------------------------------------- findings
@@ -114,11 +115,9 @@ class Note:
 
 def parse_notes(text: str) -> list[Note]:
     """Notes from TOML: ``[[note]]`` tables with ``rows`` (a list of globs), ``text``, ``new``."""
-    import tomllib
-
     try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
+        doc = tomlcompat.loads(text)
+    except tomlcompat.TOMLDecodeError as e:
         raise ResultsError(f"notes: not TOML: {e}") from None
     out = []
     for i, item in enumerate(doc.get("note") or []):
@@ -139,11 +138,9 @@ def parse_notes(text: str) -> list[Note]:
 def parse_about(text: str) -> str:
     """The notes file's top-level ``about``: Markdown shown under the page's title (what the rows
     mean), or ""."""
-    import tomllib
-
     try:
-        about = tomllib.loads(text).get("about", "")
-    except tomllib.TOMLDecodeError as e:
+        about = tomlcompat.loads(text).get("about", "")
+    except tomlcompat.TOMLDecodeError as e:
         raise ResultsError(f"notes: not TOML: {e}") from None
     if not isinstance(about, str):
         raise ResultsError("notes: about must be a string")

@@ -1,7 +1,7 @@
 """The release matrix (``python -m pytest_nccl matrix``): results model, cells, findings, Markdown.
 
-Pure: data in, data out (no processes, no clock: the caller passes dates). :mod:`.matrix_render`
-writes the Markdown from it; :mod:`.matrix_cli` runs the releases.
+Pure: data in, data out (no processes, no clock: the caller passes dates). :mod:`.render`
+writes the Markdown from it; :mod:`.cli` runs the releases.
 
 Results: one :class:`Run` per (release, world size): whether the release's env could be built,
 the resolved versions of its key packages, the test seconds, and per test nodeid its outcome
@@ -23,7 +23,7 @@ collected), ``—`` (the release's env could not be built: said once, under the 
 headline of the first failing world, cut to :data:`CELL_HEADLINE` characters, after the other
 worlds' outcomes when they differ: ``w2 pass; w4: shape mismatch in all_gather #3 ...``.
 
-Findings (:func:`.matrix_findings.findings`), for each row that fails (is red) on some release: the red releases as
+Findings (:func:`.findings.findings`), for each row that fails (is red) on some release: the red releases as
 ranges in release order; a range is not broken by releases without a verdict (skipped, not run,
 cannot install) when the nearest releases with a verdict on both sides are red; "first bad" is the
 first release of a range that follows a passing release; "fixed in" the passing release after a
