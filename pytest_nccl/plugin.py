@@ -19,7 +19,7 @@ import pytest
 from .views import gate
 from .errors import DistributedTestFailure, NcclUsageError, RankSetupError
 from .views.report import NcclLongRepr
-from .session import OUTCOME_KEY, SESSION_KEY, STARTED_KEY, NcclSession
+from .session import OUTCOME_KEY, SESSION_KEY, STARTED_KEY, NcclSession, junit_writer
 from .settings import (MARKER, add_options, argnames_of, exitcode_infra_of, parse_settings, rank_fixture_conflict,
                        unsupported_platform)
 
@@ -241,21 +241,12 @@ def _world_backend(nccl: NcclSession) -> tuple[int, str]:
         return world, nccl.settings.backend
 
 
-def _junit_xml(config):
-    """pytest's JUnit XML writer when --junitxml is on. Found by its public method (the one
-    ``record_testsuite_property`` uses), not through ``_pytest.junitxml``'s private stash key."""
-    for plugin in config.pluginmanager.get_plugins():
-        if type(plugin).__name__ == "LogXML" and callable(getattr(plugin, "add_global_property", None)):
-            return plugin
-    return None
-
-
 def _junit_and_gate_start(session) -> None:
     config = session.config
     nccl = config.stash.get(SESSION_KEY, None)
     if nccl is None or _is_worker(config):
         return
-    xml = _junit_xml(config)
+    xml = junit_writer(config)
     if xml is None and not nccl.settings.report:
         return
     nccl.environment = gate.collect_environment()

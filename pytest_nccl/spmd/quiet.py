@@ -6,6 +6,8 @@ import dataclasses
 
 import pytest
 
+from ..session import junit_writer
+
 
 def silence(config: pytest.Config, nccl) -> None:
     """No terminal reporter (the name is blocked before pytest registers it), JUnit XML, gate report
@@ -19,11 +21,6 @@ def silence(config: pytest.Config, nccl) -> None:
         if hasattr(config.option, name):
             setattr(config.option, name, None)
     nccl.settings = dataclasses.replace(nccl.settings, trace_dir=None, report=None)
-    try:
-        from _pytest.junitxml import xml_key
-        xml = config.stash.get(xml_key, None)
-        if xml is not None:
-            del config.stash[xml_key]
-            config.pluginmanager.unregister(xml)
-    except Exception:
-        pass
+    xml = junit_writer(config)
+    if xml is not None:
+        config.pluginmanager.unregister(xml)
