@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import enum
 import hashlib
 import importlib.metadata as md
 import json
@@ -56,6 +57,30 @@ from packaging.utils import canonicalize_name
 MARKER = "pytest-nccl-env.json"
 SCHEMA = 1
 LAYER_INSTALLER = "pytest-nccl-layer"
+
+
+class BuildState(str, enum.Enum):
+    """How an env's build ended, as its marker file records it."""
+    OK = "ok"
+    FAILED = "failed"
+
+
+@dataclass
+class EnvMarker:
+    """The marker file of a built env (``MARKER``): for which request and base it was built, and how."""
+    fingerprint: str
+    state: BuildState | None
+    reason: str | None = None
+    seconds: float | None = None
+
+    @classmethod
+    def read(cls, path: Path) -> "EnvMarker | None":
+        try:
+            doc = json.loads(path.read_text())
+            state = BuildState(doc["status"]) if doc.get("status") in set(BuildState) else None
+            return cls(doc.get("fingerprint", ""), state, doc.get("reason"), doc.get("seconds"))
+        except (OSError, ValueError, TypeError, AttributeError):
+            return None
 
 
 class EnvBuildError(Exception):
@@ -319,11 +344,8 @@ class EnvCache:
     def path_for(self, package: str, version: str) -> Path:
         return self.envs / env_dirname(package, version)
 
-    def read_marker(self, path: Path) -> dict | None:
-        try:
-            return json.loads((path / MARKER).read_text())
-        except (OSError, ValueError):
-            return None
+    def read_marker(self, path: Path) -> EnvMarker | None:
+        return EnvMarker.read(path / MARKER)
 
     def ensure(self, request: EnvRequest, rebuild: bool = False) -> EnvResult:
         path = self.path_for(request.package, request.version)
@@ -331,15 +353,14 @@ class EnvCache:
         t0 = self._clock()
         with _locked(self.envs / f".{path.name}.lock"):
             marker = self.read_marker(path)
-            if marker and marker.get("fingerprint") == fp and not rebuild:
+            if marker and marker.fingerprint == fp and not rebuild:
                 python = env_python(path)
-                if marker.get("status") == "ok" and (python.exists() or not self._needs_python()):
+                if marker.state == BuildState.OK and (python.exists() or not self._needs_python()):
                     return EnvResult(True, path, python, cached=True, seconds=self._clock() - t0,
-                                     build_seconds=marker.get("seconds"), log=path / "install.log")
-                if marker.get("status") == "failed":
+                                     build_seconds=marker.seconds, log=path / "install.log")
+                if marker.state == BuildState.FAILED:
                     return EnvResult(False, path, python, cached=True, seconds=self._clock() - t0,
-                                     build_seconds=marker.get("seconds"),
-                                     reason=marker.get("reason"), log=path / "install.log")
+                                     build_seconds=marker.seconds, reason=marker.reason, log=path / "install.log")
             if path.exists() or path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -358,7 +379,7 @@ class EnvCache:
             final_log = path / "install.log"
             if log.exists():
                 shutil.move(str(log), final_log)
-            doc = {"fingerprint": fp, "status": "ok" if ok else "failed", "reason": reason,
+            doc = {"fingerprint": fp, "status": BuildState.OK if ok else BuildState.FAILED, "reason": reason,
                    "seconds": round(seconds, 1), "installer": getattr(self.builder, "name", "?"),
                    "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                    "request": {**asdict(request), "cutoff": request.cutoff.isoformat() if request.cutoff else None},
