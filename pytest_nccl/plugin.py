@@ -16,12 +16,19 @@ import time
 
 import pytest
 
-from .views import gate
 from .errors import DistributedTestFailure, NcclUsageError, RankSetupError
-from .views.report import NcclLongRepr
 from .session import OUTCOME_KEY, SESSION_KEY, STARTED_KEY, NcclSession
-from .settings import (MARKER, add_options, argnames_of, exitcode_infra_of, parse_settings, rank_fixture_conflict,
-                       unsupported_platform)
+from .settings import (
+    MARKER,
+    add_options,
+    argnames_of,
+    exitcode_infra_of,
+    parse_settings,
+    rank_fixture_conflict,
+    unsupported_platform,
+)
+from .views import gate
+from .views.report import NcclLongRepr
 
 # A bad setting, kept from configure to the session's start: --help, --version, --markers and
 # --collect-only must still work with a bad value in the config file.

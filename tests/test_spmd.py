@@ -21,8 +21,8 @@ import pytest
 from conftest import assert_no_leftovers, line_of
 
 from pytest_nccl import spmd
-from pytest_nccl.errors import NcclUsageError
 from pytest_nccl.core.messages import Collected
+from pytest_nccl.errors import NcclUsageError
 from pytest_nccl.spmd.collection import collection_difference
 from pytest_nccl.spmd.release import abort_connections
 

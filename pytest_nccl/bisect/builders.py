@@ -19,8 +19,17 @@ from typing import Callable
 
 from packaging.version import Version
 
-from .envs import (BaseInfo, EnvBuildError, EnvRequest, build_deps_layer, env_python, installed_requires,
-                   link_torch, requirement_closure, site_packages_of)
+from .envs import (
+    BaseInfo,
+    EnvBuildError,
+    EnvRequest,
+    build_deps_layer,
+    env_python,
+    installed_requires,
+    link_torch,
+    requirement_closure,
+    site_packages_of,
+)
 
 
 def _clean_env() -> dict[str, str]:

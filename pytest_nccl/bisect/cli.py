@@ -30,12 +30,11 @@ from typing import Sequence, TextIO
 
 from packaging.version import InvalidVersion, Version
 
-from . import builders
+from . import builders, search
 from . import envs as envs_mod
-from . import search
 from .heartbeat import Heartbeat
-from .progress import TerminalReporter, render_bisect, render_sweep
 from .prober import ProbeConfig, ReleaseProber, tooling_requirements
+from .progress import TerminalReporter, render_bisect, render_sweep
 from .search import BoundsError
 from .versions import IndexError_, PipIndex, PyPIJsonIndex, Release, StaticIndex, parse_version_list, select_range
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 
-from .states import RecordState, Source
 from .records import CollectiveRecord
+from .states import RecordState, Source
 
 DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
           "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8",

@@ -4,6 +4,7 @@ Standard library only: every rank imports it."""
 
 from __future__ import annotations
 
+
 def rank_ranges(ranks) -> str:
     """'0-14,16' for ranks 0..14 and 16: runs of three or more as ranges."""
     ranks = sorted(set(ranks))

@@ -40,7 +40,6 @@ from .records import RankView
 from .states import MISMATCH_KINDS, RankState, Reason, RecordState, Source
 from .waits import P2PIndex, stuck_ranks
 
-
 # -- the predicates of the rules, on the journals read so far (pure: tested on data) --------------
 
 def _running_views(journals: dict, live: dict, views: dict | None = None) -> dict:

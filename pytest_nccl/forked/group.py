@@ -27,6 +27,7 @@ from ..core.states import RankState, Reason
 from ..errors import RankSetupError
 from .zygote_client import Zygote
 
+
 def _journal_path(call: Call, rank: int) -> str:
     return os.path.join(call.journal_dir, f"journal-{rank}.txt")
 

@@ -22,6 +22,7 @@ from ..views.report import format_report
 from .gpus import GpuLeaser
 from .pool import GroupPool
 
+
 class RankValue:
     """What a rank-side fixture holds in the controller: the real value exists only in a rank."""
 

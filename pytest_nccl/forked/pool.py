@@ -7,10 +7,11 @@ import shutil
 import tempfile
 import time
 
+from ..core.messages import RankStart
 from ..errors import RankSetupError
 from .group import RankGroup
-from ..core.messages import RankStart
 from .zygote_client import Zygote
+
 
 class GroupPool:
     """One fork server and at most one live group per pytest process."""

@@ -11,8 +11,18 @@ import sys
 import time
 from multiprocessing.connection import Connection
 
-from ..core.messages import (Exited, Forked, ForkRank, Imported, ImportModules, RankSpec, RankStart, Ready,
-                             ZygoteConfig, ZygoteInfo)
+from ..core.messages import (
+    Exited,
+    Forked,
+    ForkRank,
+    Imported,
+    ImportModules,
+    RankSpec,
+    RankStart,
+    Ready,
+    ZygoteConfig,
+    ZygoteInfo,
+)
 from ..errors import RankSetupError
 
 ZYGOTE_START_TIMEOUT = 300.0  # importing torch and every test module (trl: 6-7 s) on a loaded host

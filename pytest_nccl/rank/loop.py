@@ -26,8 +26,7 @@ import types
 from multiprocessing.connection import Connection
 
 from ..core.agreement import Digest
-from ..core.messages import (Call, CallDone, CallKind, Dump, DumpRequest, Hello, Joined, RankSpec, RunCall,
-                             SetupFailed)
+from ..core.messages import Call, CallDone, CallKind, Dump, DumpRequest, Hello, Joined, RankSpec, RunCall, SetupFailed
 from ..core.reports import RankReport
 from ..core.states import RankState
 from . import tracer

@@ -25,8 +25,19 @@ import sys
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
-from ..core.messages import (Exited, Forked, ForkRank, Imported, ImportModules, RankSpec, RankStart, Ready,
-                             SpawnedRank, ZygoteConfig, ZygoteInfo)
+from ..core.messages import (
+    Exited,
+    Forked,
+    ForkRank,
+    Imported,
+    ImportModules,
+    RankSpec,
+    RankStart,
+    Ready,
+    SpawnedRank,
+    ZygoteConfig,
+    ZygoteInfo,
+)
 
 PR_SET_PDEATHSIG = 1
 
@@ -139,6 +150,7 @@ def spawned_rank_main(spec_path: str, parent: int) -> None:
     from . import loop
     loop.set_environment(job.spec)  # CUDA_VISIBLE_DEVICES and friends, before any module touches CUDA
     import torch.distributed  # noqa: F401
+
     from . import tracer
     if job.trace:
         tracer.install()
@@ -215,6 +227,7 @@ def main() -> None:
     os.environ.update(config.env)
     import torch
     import torch.distributed  # noqa: F401
+
     from . import loop, tracer  # noqa: F401
     if config.trace:
         tracer.install()

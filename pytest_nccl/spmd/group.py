@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from ..errors import RankSetupError
 from ..core.referee import TIMING
+from ..errors import RankSetupError
 from .release import abort_connections
 from .store import BYE, COLLECT_WAIT, DONE, FINISH_WAIT, GROUP_WAIT_MIN, LEFT, VERDICT_MARGIN, poll, safe_set
 

@@ -13,9 +13,9 @@ import os
 
 from ..core.diagnosis import Diagnosis
 from ..core.diagnosis.wording import where
-from ..core.sites import short_path, short_site
 from ..core.groups import rank_ranges
 from ..core.records import CollectiveRecord, RankView
+from ..core.sites import short_path, short_site
 from ..core.states import RankState
 
 TABLE_WIDTH = 120

@@ -22,8 +22,8 @@ import json
 import platform
 
 from ..core.diagnosis import Diagnosis
-from ..core.sites import short_path
 from ..core.records import CollectiveRecord, RankView
+from ..core.sites import short_path
 from ..core.states import RankState
 
 US = 1_000_000

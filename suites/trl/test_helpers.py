@@ -4,6 +4,8 @@ device a trainer gets on a rank."""
 import pytest
 
 from pytest_nccl.testing import trl_compat as compat  # first: offline HF environment
+
+# isort: split
 from pytest_nccl.testing import data, tiny_causal_lm, tiny_tokenizer
 
 
@@ -114,6 +116,7 @@ def test_matrix_cells_run_or_say_why_not_on_this_trl():
 def test_matrix_page_describes_every_stressor_as_the_code_does():
     """MATRIX.md's legend (notes.toml's about) must not drift from what the cells do."""
     import pathlib
+
     import tomllib
 
     from pytest_nccl.testing import trl_matrix as matrix
@@ -155,9 +158,9 @@ def test_matrix_page_is_what_its_results_and_notes_give():
     and every row of the results is a cell the suite has now (no stale rows after a rename)."""
     import pathlib
 
-    from pytest_nccl.bisect.matrix.results import Results
     from pytest_nccl.bisect.matrix.findings import parse_about, parse_notes
     from pytest_nccl.bisect.matrix.render import render
+    from pytest_nccl.bisect.matrix.results import Results
     from pytest_nccl.testing import trl_matrix as matrix
 
     here = pathlib.Path(__file__).parent

@@ -21,10 +21,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-
-import pytest_nccl
 from headlines import names_ranks
 from zero_helpers import clean_state, deepspeed_engine, ds_config, fsdp2_shard, tiny_mlp
+
+import pytest_nccl
 
 STEPS = 2
 

@@ -8,12 +8,20 @@ import pytest
 from fakes import FakeBuilder
 
 from pytest_nccl.__main__ import main as dunder_main
-from pytest_nccl.bisect.matrix import cli as matrix_cli
 from pytest_nccl.bisect.envs import BaseInfo, EnvCache
-from pytest_nccl.bisect.matrix.results import (Results, ResultsError, Run, TestRecord, cell, latest_patches, row_labels,
-                                       skip_reason)
+from pytest_nccl.bisect.matrix import cli as matrix_cli
 from pytest_nccl.bisect.matrix.findings import findings, red_ranges
 from pytest_nccl.bisect.matrix.render import render
+from pytest_nccl.bisect.matrix.results import (
+    Results,
+    ResultsError,
+    Run,
+    TestRecord,
+    cell,
+    latest_patches,
+    row_labels,
+    skip_reason,
+)
 from pytest_nccl.bisect.runner import CaseResult, RunOutcome
 from pytest_nccl.bisect.search import Verdict
 from pytest_nccl.bisect.versions import StaticIndex
@@ -475,8 +483,8 @@ new = true
 
 
 def test_notes_parse_match_and_refuse_bad_input():
-    from pytest_nccl.bisect.matrix.results import ResultsError
     from pytest_nccl.bisect.matrix.findings import note_for, parse_notes
+    from pytest_nccl.bisect.matrix.results import ResultsError
 
     notes = parse_notes(NOTES)
     assert note_for("cpo \u00b7 eval_uneven", notes).text.startswith("trl#3068")

@@ -36,14 +36,14 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from .. import cli as bisect_cli
-from .results import KEY_PACKAGES, Results, ResultsError, Run, TestRecord, latest_patches
-from .findings import parse_about, parse_notes
-from .render import render
 from ..heartbeat import Heartbeat
-from ..progress import fmt_seconds
 from ..prober import ProbeConfig, make_request
+from ..progress import fmt_seconds
 from ..runner import RunOutcome, run_pytest
 from ..versions import IndexError_, Release, parse_version_list, select_range
+from .findings import parse_about, parse_notes
+from .render import render
+from .results import KEY_PACKAGES, Results, ResultsError, Run, TestRecord, latest_patches
 
 EXIT_OK = 0
 EXIT_USAGE = 2

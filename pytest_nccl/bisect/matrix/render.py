@@ -6,9 +6,20 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Sequence
 
-from .results import (KEY_PACKAGES, MARK, NO_ENV, NOT_RUN, RED_MARK, Results, cell, md_escape, row_labels, shorten,
-                     skip_reason)
 from .findings import FindingGroup, Note, findings, group_findings
+from .results import (
+    KEY_PACKAGES,
+    MARK,
+    NO_ENV,
+    NOT_RUN,
+    RED_MARK,
+    Results,
+    cell,
+    md_escape,
+    row_labels,
+    shorten,
+    skip_reason,
+)
 
 _SUP = str.maketrans("0123456789", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079")
 _STATUS_WORD = {"red": "red", "green": "pass", "skip": "skip", "none": "not run", "noenv": "cannot install"}

@@ -13,6 +13,7 @@ from .divergence import pg_order
 from .findings import Diagnosis
 from .wording import HEADLINE_WIDTH, few, rank_list, where
 
+
 def deadlock_diagnosis(stuck: dict, views: dict) -> Diagnosis:
     if any(cur.p2p for cur, _ in stuck.values()):
         return _p2p_deadlock(stuck, views)
