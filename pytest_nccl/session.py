@@ -167,6 +167,7 @@ def write_trace(directory: str, nodeid: str, result: CallResult, diag: Diagnosis
         if on_error is not None:
             on_error(message)
         else:
-            warnings.warn(pytest.PytestWarning("pytest-nccl: " + message))
+            # stacklevel 1: the warning is about this write, not about a caller's line
+            warnings.warn(pytest.PytestWarning("pytest-nccl: " + message), stacklevel=1)
         return None
     return os.path.abspath(base + ".html")

@@ -216,7 +216,8 @@ class EnvironmentProblem(Exception):
     """This interpreter cannot build release envs (exit ``EXIT_ENVIRONMENT``, not the usage code)."""
 
 
-def _make_cache(ns, out: TextIO, prog: str = "bisect") -> tuple[envs_mod.EnvCache, str, list[str], list[str], list[str]]:
+def _make_cache(ns, out: TextIO,
+                prog: str = "bisect") -> tuple[envs_mod.EnvCache, str, list[str], list[str], list[str]]:
     root = envs_mod.cache_root(ns.cache_dir)
     base = envs_mod.detect_base()
     if not base.torch_version:

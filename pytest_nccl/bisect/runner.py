@@ -85,7 +85,9 @@ def first_line(text: str | None) -> str:
 
 def crash_from_text(text: str | None) -> str:
     e_lines = [ln[1:].strip() for ln in (text or "").splitlines() if ln.startswith("E ")]
-    return first_line(e_lines[0]) if e_lines else first_line((text or "").strip().splitlines()[-1] if (text or "").strip() else "")
+    if e_lines:
+        return first_line(e_lines[0])
+    return first_line((text or "").strip().splitlines()[-1] if (text or "").strip() else "")
 
 
 def parse_junit(text: str) -> list[CaseResult]:

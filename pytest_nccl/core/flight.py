@@ -58,7 +58,8 @@ def records_from_dump(text: str, rank: int, since_ns: int = 0) -> list[Collectiv
         dtypes = entry.get("input_dtypes") or []
         out.append(CollectiveRecord(
             rank=rank, pg="default" if name == "0" else f"pg{name}", seq=0, op=op,
-            shapes=_shapes(entry.get("input_sizes") or []), dtype=DTYPES.get(dtypes[0], str(dtypes[0]).lower()) if dtypes else "",
+            shapes=_shapes(entry.get("input_sizes") or []),
+            dtype=DTYPES.get(dtypes[0], str(dtypes[0]).lower()) if dtypes else "",
             async_op=True, state=RecordState.COMPLETED if entry.get("retired") else RecordState.ENTERED,
             t_start=(created - since_ns) / 1e9 if since_ns else 0.0, source=Source.FLIGHT_RECORDER,
             fr_seq=int(entry.get("collective_seq_id") or 0)))

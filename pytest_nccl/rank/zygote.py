@@ -2,7 +2,8 @@
 what they import: trl takes 6-7 s) once, then forks a rank per request in about a millisecond.
 
 Started by ``forked.zygote_client.Zygote`` as ``python -m pytest_nccl.rank.zygote FD PARENT``; speaks
-the fork server's messages of ``core/messages.py`` (pickled) over the socket FD. It reaps its children and reports each exit, because ranks are not the controller's children.
+the fork server's messages of ``core/messages.py`` (pickled) over the socket FD. It reaps its children
+and reports each exit, because ranks are not the controller's children.
 It dies with the controller (PR_SET_PDEATHSIG), and every rank dies with it.
 
 CUDA: a process that initialized CUDA cannot give CUDA to a forked child ("Cannot re-initialize

@@ -41,24 +41,25 @@ class LaunchedGroup:
         """The launcher's store: torchrun's agent hosts it (every rank is a client); without an agent
         rank 0 hosts it, as ``env://`` would. One client per thread that waits on it."""
         import torch.distributed as dist
-        l = self.launch
+        launch = self.launch
         timeout = datetime.timedelta(seconds=COLLECT_WAIT)
-        host = l.rank == 0 and not l.agent_store
+        host = launch.rank == 0 and not launch.agent_store
 
         def client(master: bool = False):
-            return dist.TCPStore(l.master_addr, l.master_port, l.world, master, timeout=timeout,
+            return dist.TCPStore(launch.master_addr, launch.master_port, launch.world, master, timeout=timeout,
                                  wait_for_workers=False)
 
         try:
             self._base = client(host)
-            prefix = f"pytest-nccl/{l.run_id}/{l.attempt}/"
+            prefix = f"pytest-nccl/{launch.run_id}/{launch.attempt}/"
             self.store = dist.PrefixStore(prefix, self._base)
             self.wstore = dist.PrefixStore(prefix, client())
-            self.dstore = dist.PrefixStore(prefix, client()) if l.rank == 0 else None
+            self.dstore = dist.PrefixStore(prefix, client()) if launch.rank == 0 else None
         except Exception as exc:
             self.store = self.wstore = self.dstore = None
-            raise pytest.UsageError(f"pytest-nccl SPMD mode: rank {l.rank} cannot reach the launcher's store at "
-                                    f"{l.master_addr}:{l.master_port}: {type(exc).__name__}: {exc}") from None
+            raise pytest.UsageError(
+                f"pytest-nccl SPMD mode: rank {launch.rank} cannot reach the launcher's store at "
+                f"{launch.master_addr}:{launch.master_port}: {type(exc).__name__}: {exc}") from None
 
     def set(self, key: str, value) -> None:
         safe_set(self.store, key, value, self.debug)

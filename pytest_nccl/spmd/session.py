@@ -144,9 +144,9 @@ class SpmdSession:
         raise KeyError(name)
 
     def header(self) -> str:
-        l = self.launch
-        return (f"nccl: SPMD mode: rank {l.rank} of {l.world} launched by {l.launcher}, backend {self.backend} "
-                f"({self.backend_why}), timeout {self.nccl.settings.timeout:g} s, "
+        launch = self.launch
+        return (f"nccl: SPMD mode: rank {launch.rank} of {launch.world} launched by {launch.launcher}, "
+                f"backend {self.backend} ({self.backend_why}), timeout {self.nccl.settings.timeout:g} s, "
                 f"trace {'on' if self.nccl.settings.trace else 'off'}")
 
     def pytest_sessionstart(self, session) -> None:

@@ -158,7 +158,8 @@ def format_report(ranks: list[RankView], diagnosis: Diagnosis | None, elapsed: f
         parts.append(f"\n-- traceback of rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))} --")
         parts.append(text.rstrip())
     # identical stacks once too (a stuck world 64 has few distinct ones)
-    stacks = {v.rank: _trim_stack(v.stack) for v in ranks if v.stack and v.status in (RankState.RUNNING, RankState.DEAD)}
+    stacks = {v.rank: _trim_stack(v.stack) for v in ranks
+              if v.stack and v.status in (RankState.RUNNING, RankState.DEAD)}
     for who, text in _folded(stacks):
         parts.append(f"\n-- Python stack of {who} (all threads) --")
         parts.append(text)
@@ -181,9 +182,9 @@ def _without_harness(stack: str) -> str:
     marker = "pytest_nccl" + os.sep + "rank.py"
     kept = []
     for block in _thread_blocks(stack):
-        if any(marker in l and "_reader" in l for l in block):
+        if any(marker in line and "_reader" in line for line in block):
             continue
-        at = next((i for i, l in enumerate(block) if marker in l and "run_call" in l), None)
+        at = next((i for i, line in enumerate(block) if marker in line and "run_call" in line), None)
         if at is None:
             kept.append(block)
         elif "most recent call first" in block[0]:

@@ -157,13 +157,13 @@ def trace_events(nodeid: str, ranks: list[RankView], diagnosis: Diagnosis | None
 
     if position is not None:
         pg, seq = position
-        for rank, ev in marked:
+        for _, ev in marked:
             events.append({"ph": "i", "s": "t", "name": f"diverges here: {ev['name']}", "cat": "diagnosis",
                            "pid": ev["pid"], "tid": ev["tid"], "ts": ev["ts"],
                            "args": {"diverging": True, "kind": kind, "group": pg, "seq": seq}})
         marked.sort(key=lambda item: item[1]["ts"])
         if len(marked) > 1:
-            for i, (rank, ev) in enumerate(marked):
+            for i, (_, ev) in enumerate(marked):
                 ph = "s" if i == 0 else "f" if i == len(marked) - 1 else "t"
                 flow = {"ph": ph, "id": 1, "name": "divergence", "cat": "diagnosis", "pid": ev["pid"],
                         "tid": ev["tid"], "ts": ev["ts"]}

@@ -34,7 +34,7 @@ def test_models_are_tiny_seeded_and_match_the_tokenizer():
     tok = tiny_tokenizer()
     for kind in ("llama", "qwen2"):
         a, b = tiny_causal_lm(kind, tokenizer=tok), tiny_causal_lm(kind, tokenizer=tok)
-        assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+        assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
         assert sum(p.numel() for p in a.parameters()) < 50_000
         assert a.config.vocab_size == len(tok) and a.config.pad_token_id == tok.pad_token_id
         out = a(**tok(["ab", "abcd"], padding=True, return_tensors="pt"))
@@ -72,7 +72,7 @@ def test_data_bands():
     assert len(data.lengths(1)) > len(data.lengths(0))
     assert set(data.lengths(0, ragged=False)) == set(data.lengths(1, ragged=False)) == {8}
     rows = data.preference_rows(1)
-    assert all(len(c) == n for c, n in zip(rows["chosen"], data.lengths(1)))
+    assert all(len(c) == n for c, n in zip(rows["chosen"], data.lengths(1), strict=True))
 
 
 def test_matrix_cells_are_generated_from_the_trainer_table():
