@@ -41,8 +41,11 @@ def group_name_of(label: str, group: str = "") -> str:
     return base[2:].split("[")[0] if base.startswith("pg") else base
 
 
-def records_from_dump(text: str, rank: int, since_ns: int = 0) -> list[CollectiveRecord]:
-    """Non-p2p entries created at or after ``since_ns`` (the call's start, wall clock)."""
+def records_from_dump(text: str | None, rank: int, since_ns: int = 0) -> list[CollectiveRecord]:
+    """Non-p2p entries created at or after ``since_ns`` (the call's start, wall clock); none without a
+    readable dump (``text`` None: the rank sent none)."""
+    if text is None:
+        return []
     try:
         dump = json.loads(text)
     except (TypeError, ValueError):
@@ -85,7 +88,7 @@ def merge(journals: dict[int, list[CollectiveRecord]],
                 base[rec.pg] = min(base.get(rec.pg, rec.fr_seq), rec.fr_seq)
     for records in merged.values():
         for rec in records:
-            if rec.pg in base and rec.pg not in unnumbered and not rec.pg.endswith(":p2p"):
+            if rec.fr_seq is not None and rec.pg in base and rec.pg not in unnumbered and not rec.pg.endswith(":p2p"):
                 rec.seq = rec.fr_seq - base[rec.pg] + 1
     return merged
 
@@ -94,7 +97,7 @@ def _combine(python: list[CollectiveRecord], recorded: list[CollectiveRecord]) -
     """One rank: its Python records plus the entries they do not cover, group by group, each group
     in its own order (the journal's and the Flight Recorder's clocks have different origins, so
     times do not interleave exactly)."""
-    labels = {}
+    labels: dict[str, str] = {}
     for rec in python:
         if not rec.pg.endswith(":p2p"):
             labels.setdefault(group_name_of(rec.pg, rec.group), rec.pg)
@@ -112,6 +115,6 @@ def _combine(python: list[CollectiveRecord], recorded: list[CollectiveRecord]) -
     combined = []
     for records in by_pg.values():
         if all(r.fr_seq is not None for r in records):
-            records.sort(key=lambda r: r.fr_seq)
+            records.sort(key=lambda r: r.fr_seq or 0)  # every one is numbered here
         combined.extend(records)
     return combined

@@ -23,7 +23,7 @@ def rank_ranges(ranks) -> str:
 
 def parse_ranges(text: str) -> list[int] | None:
     """The inverse of ``rank_ranges`` (also 'a-b:s' for a stride); None when it is not one."""
-    out = []
+    out: list[int] = []
     try:
         for part in text.split(","):
             if "-" in part:

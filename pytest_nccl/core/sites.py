@@ -70,7 +70,7 @@ def _main_frames(stack: str) -> list[tuple[str, str, str, str]]:
     format or faulthandler's (most recent call first)."""
     lines = stack.splitlines()
     start = next((i for i, text in enumerate(lines) if "MainThread" in text or "Current thread" in text), 0)
-    frames = []
+    frames: list[tuple[str, str, str, str]] = []
     for i in range(start + 1, len(lines)):
         text = lines[i].strip()
         if text.startswith("Thread ") or (text.startswith("Current thread") and frames):

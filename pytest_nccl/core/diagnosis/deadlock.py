@@ -108,7 +108,7 @@ def _cross_group(stuck: dict, views: dict) -> Diagnosis:
         if len(headline) >= HEADLINE_WIDTH:  # the skipped call's site matters most
             headline = f"{rank_list(who)} skipped {where(q)} and {verb} in {p.op} #{p.seq} of group {p.pg}{rest}"
         return Diagnosis(Kind.DEADLOCK, headline, who, q.pg, q.seq)
-    parts = []
+    parts: list[str] = []
     for _, present in sorted(positions.items(), key=lambda kv: min(kv[1])):
         cur, needs = stuck[present[0]]
         verb = "waits" if not parts and len(present) == 1 else "wait" if not parts else ""
