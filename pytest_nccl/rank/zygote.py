@@ -25,6 +25,7 @@ import signal
 import sys
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
+from typing import Any, Callable, NoReturn
 
 from ..core.messages import (
     Exited,
@@ -191,7 +192,7 @@ class _Server:
             status = -1
         self.conn.send(Exited(pid, status))
 
-    def controller_gone(self) -> None:
+    def controller_gone(self) -> NoReturn:
         for pid in self.pidfds.values():
             try:
                 os.killpg(pid, signal.SIGKILL)
@@ -200,10 +201,10 @@ class _Server:
         os._exit(0)
 
     def serve(self) -> None:
-        handlers = {ImportModules: self.on_import, ForkRank: self.on_fork}
+        handlers: dict[type, Callable[[Any], None]] = {ImportModules: self.on_import, ForkRank: self.on_fork}
         while True:
             for ready in wait([self.conn, *self.pidfds]):
-                if ready is not self.conn:
+                if isinstance(ready, int):  # a child's pidfd: it exited
                     self.reap(ready)
                     continue
                 try:
