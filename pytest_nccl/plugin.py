@@ -206,7 +206,9 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
                                      callspec.params if callspec is not None else {})
     if conflict is not None:
         raise NcclUsageError(conflict)
-    return pyfuncitem.config.stash[SESSION_KEY].mode.run_item(pyfuncitem)
+    mode = pyfuncitem.config.stash[SESSION_KEY].mode
+    assert mode is not None, "pytest_configure sets the mode before any test runs"
+    return mode.run_item(pyfuncitem)
 
 
 @pytest.hookimpl(wrapper=True)
