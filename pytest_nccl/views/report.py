@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from types import SimpleNamespace
 
 from ..core.diagnosis import Diagnosis
 from ..core.diagnosis.wording import where
@@ -251,18 +252,23 @@ def write_trace_dir(directory: str, nodeid: str, text: str, fr_pickles: dict) ->
     return written
 
 
+def _crash_location(path: str, lineno: int, message: str) -> object:
+    """pytest's own crash location (private module): its JUnit and -r summaries read it."""
+    try:
+        from _pytest._code.code import ReprFileLocation
+    except ImportError:
+        return SimpleNamespace(path=path, lineno=lineno, message=message)  # the three fields they read
+    return ReprFileLocation(path=path, lineno=lineno, message=message)
+
+
 class NcclLongRepr:
     """A failure report whose first line is the diagnosis headline (shown by -r summaries and as
     the JUnit failure message) and whose body is the collective trace."""
 
     def __init__(self, headline: str, body: str, path: str, lineno: int):
-        try:  # pytest's own crash location (private module): its JUnit and -r summaries read it
-            from _pytest._code.code import ReprFileLocation
-        except ImportError:
-            from types import SimpleNamespace as ReprFileLocation  # the three fields they read
         self.headline = headline
         self.body = body
-        self.reprcrash = ReprFileLocation(path=path, lineno=lineno, message=headline)
+        self.reprcrash = _crash_location(path, lineno, headline)
         self.sections: list = []
 
     def toterminal(self, tw) -> None:

@@ -135,15 +135,16 @@ def trace_events(nodeid: str, ranks: list[RankView], diagnosis: Diagnosis | None
                 stop = start + (rec.duration or 0.0)
             else:
                 stop = max(start, end)
+            args = make_args(rec)
             ev = {"ph": "X", "name": slice_name(rec), "cat": CATEGORY if rec.source == "python" else rec.source,
                   "pid": pid, "tid": tid, "ts": _us(start), "dur": round(max(0.0, stop - start) * US, 3),
-                  "args": make_args(rec)}
+                  "args": args}
             if rec.state != "completed":
-                ev["args"]["ends"] = "verdict" if end == elapsed else f"rank {view.status}"
+                args["ends"] = "verdict" if end == elapsed else f"rank {view.status}"
             if position is not None and (rec.pg, rec.seq) == position:
-                ev["args"]["diverging"] = True
+                args["diverging"] = True
                 if kind:
-                    ev["args"]["diagnosis"] = kind
+                    args["diagnosis"] = kind
                 marked.append((view.rank, ev))
             events.append(ev)
         if view.status != RankState.RUNNING and view.finished_at is not None:
