@@ -123,7 +123,7 @@ def verify_env(python: Path, request: EnvRequest, base: BaseInfo, log: Path, tim
 
 def find_uv() -> str | None:
     try:
-        import uv  # type: ignore
+        import uv
 
         path = uv.find_uv_bin()
         if path and Path(path).exists():

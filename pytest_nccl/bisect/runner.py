@@ -243,6 +243,7 @@ def run_pytest(python: Path, pytest_args: Sequence[str], *, log: Path, timeout: 
         cmd = build_command(python, pytest_args, junit, plugin)
         t0 = time.monotonic()
         timed_out = False
+        rc: int | None
         with open(log, "w") as fh:
             fh.write("$ " + " ".join(cmd) + "\n")
             fh.flush()

@@ -148,8 +148,8 @@ def check_args(parser: argparse.ArgumentParser, ns: argparse.Namespace, pytest_a
 
 def list_releases(ns, out: TextIO) -> list[Release]:
     if ns.version_list:
-        rels = {Version(r.version): r for r in bisect_cli.given_releases(ns, ns.version_list, out)}
-        rels = [rels[k] for k in sorted(rels)]
+        given = {Version(r.version): r for r in bisect_cli.given_releases(ns, ns.version_list, out)}
+        rels = [given[k] for k in sorted(given)]
     else:
         rels = select_range(bisect_cli._index(ns).releases(ns.package), ns.from_, ns.to,
                             pre=ns.pre, yanked=ns.include_yanked)

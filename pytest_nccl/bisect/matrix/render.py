@@ -77,7 +77,8 @@ def render_matrix(results: Results, labels: Mapping[str, str]) -> list[str]:
         if reason:
             noenv.setdefault(reason, []).append(v)
     header = ["test"] + [v + (f" {MARK}" if _env_reason(results, v) else "") for v in results.versions]
-    rows, notes, reasons = [], [], {}
+    rows, notes = [], []
+    reasons: dict[str, int] = {}  # skip reason -> its footnote mark
     for n in results.nodeids():
         text = md_escape(labels.get(n, n))
         why = skip_reason(results, n)

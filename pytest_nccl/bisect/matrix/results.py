@@ -219,7 +219,7 @@ def latest_patches(versions: Sequence[str], keep: Iterable[str] = ()) -> list[st
     newest: dict[tuple[int, int], Version] = {}
     for v in versions:
         pv = Version(v)
-        series = (pv.release + (0,))[:2]
+        series = (pv.major, pv.minor)
         if series not in newest or pv > newest[series]:
             newest[series] = pv
     chosen = set(newest.values()) | keep_v
