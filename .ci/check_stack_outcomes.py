@@ -6,7 +6,8 @@
 STACK names a row of EXPECTED (e.g. "trl-0.15.0", "current"). A test listed for the stack must
 fail with its documented exception (CollectiveMismatch unless the entry names another), the
 diagnosis headline of the listed kind, and the report naming the TRL source file of the bug; every
-other test must pass (skips are failures too, unless listed in SKIP_OK). Prints one line per test and exits 1 on any surprise.
+other test must pass (skips are failures too, unless listed in SKIP_OK). Prints one line per test and exits 1 on
+any surprise.
 Standard library only: it runs under whatever Python runs .ci.
 """
 

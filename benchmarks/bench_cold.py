@@ -261,14 +261,14 @@ class Comparison:
 
     @property
     def ratios(self) -> list[float]:
-        return [ra.wall / rb.wall for ra, rb in zip(self.runs_a, self.runs_b)]
+        return [ra.wall / rb.wall for ra, rb in zip(self.runs_a, self.runs_b, strict=True)]
 
     def summary(self) -> dict:
         return summarize(self.key, self.a, self.b, self.runs_a, self.runs_b)
 
 
 def summarize(key: str, a: Command, b: Command, runs_a: list[Run], runs_b: list[Run]) -> dict:
-    ratios = [ra.wall / rb.wall for ra, rb in zip(runs_a, runs_b)]
+    ratios = [ra.wall / rb.wall for ra, rb in zip(runs_a, runs_b, strict=True)]
     return {
         "key": key, "a": a.name, "b": b.name, "a_label": a.label, "b_label": b.label,
         "a_argv": a.argv, "b_argv": b.argv, "pairs": len(ratios),
@@ -342,7 +342,8 @@ def table(summaries: list[dict], tests: int) -> str:
         ours_per = (many["a_median"] - one["a_median"]) / (tests - 1)
         mpct_per = (many["b_median"] - one["b_median"]) / (tests - 1)
         lines.append(f"each test after the first, from medians of separate blocks (noisy; warm figures: "
-                     f"bench_startup.py): ours {ours_per * 1000:.0f} ms, MultiProcContinuousTest {mpct_per * 1000:.0f} ms")
+                     f"bench_startup.py): ours {ours_per * 1000:.0f} ms, "
+                     f"MultiProcContinuousTest {mpct_per * 1000:.0f} ms")
     if many:
         lines.append(f"{tests}-test world-{WORLD} session: ours {many['a_median']:.2f} s, MultiProcContinuousTest "
                      f"{many['b_median']:.2f} s, ratio {many['ratio_median']:.2f}")

@@ -16,12 +16,19 @@ import time
 
 import pytest
 
-from .views import gate
 from .errors import DistributedTestFailure, NcclUsageError, RankSetupError
-from .views.report import NcclLongRepr
 from .session import OUTCOME_KEY, SESSION_KEY, STARTED_KEY, NcclSession, junit_writer
-from .settings import (MARKER, add_options, argnames_of, exitcode_infra_of, parse_settings, rank_fixture_conflict,
-                       unsupported_platform)
+from .settings import (
+    MARKER,
+    add_options,
+    argnames_of,
+    exitcode_infra_of,
+    parse_settings,
+    rank_fixture_conflict,
+    unsupported_platform,
+)
+from .views import gate
+from .views.report import NcclLongRepr
 
 # A bad setting, kept from configure to the session's start: --help, --version, --markers and
 # --collect-only must still work with a bad value in the config file.
@@ -199,7 +206,9 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
                                      callspec.params if callspec is not None else {})
     if conflict is not None:
         raise NcclUsageError(conflict)
-    return pyfuncitem.config.stash[SESSION_KEY].mode.run_item(pyfuncitem)
+    mode = pyfuncitem.config.stash[SESSION_KEY].mode
+    assert mode is not None, "pytest_configure sets the mode before any test runs"
+    return mode.run_item(pyfuncitem)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -17,10 +17,10 @@ import pytest
 
 from . import errors
 from .core.diagnosis import Diagnosis
-from .errors import DistributedTestFailure, NcclUsageError
 from .core.reports import CallResult
-from .views.report import safe_filename, trace_json, write_trace_dir
+from .errors import DistributedTestFailure, NcclUsageError
 from .settings import Budget, Placement, Settings, budget_for, place
+from .views.report import safe_filename, trace_json, write_trace_dir
 from .views.swimlane import swimlane_html
 from .views.timeline import timeline_json
 
@@ -176,6 +176,7 @@ def write_trace(directory: str, nodeid: str, result: CallResult, diag: Diagnosis
         if on_error is not None:
             on_error(message)
         else:
-            warnings.warn(pytest.PytestWarning("pytest-nccl: " + message))
+            # stacklevel 1: the warning is about this write, not about a caller's line
+            warnings.warn(pytest.PytestWarning("pytest-nccl: " + message), stacklevel=1)
         return None
     return os.path.abspath(base + ".html")

@@ -13,7 +13,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass, fields
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import pytest
 
@@ -87,6 +87,9 @@ def _infra_code(value, where: str) -> int | None:
 
 # -- the table --------------------------------------------------------------------------------------
 
+IniType = Literal["string", "paths", "pathlist", "args", "linelist", "bool", "int", "float"]  # addini's
+
+
 @dataclass(frozen=True)
 class Setting:
     """One setting. Its ini key and option dest are ``nccl_<name>``, its option ``--nccl-<name>``."""
@@ -96,7 +99,7 @@ class Setting:
     default: Any                            # the parsed default
     metavar: str | None = None              # the option takes a value; None and not switch: no option
     switch: bool = False                    # the option is a switch without a value
-    ini: str | None = None                  # the ini type; None: no ini key
+    ini: IniType | None = None              # the ini type; None: no ini key
     marker: bool = False                    # @pytest.mark.nccl(name=...) overrides it per test
 
     @property
@@ -145,7 +148,7 @@ def _pytest_version() -> tuple[int, int]:
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
-def ini_type(declared: str, pytest_version: tuple[int, int] | None = None) -> str:
+def ini_type(declared: IniType, pytest_version: tuple[int, int] | None = None) -> IniType:
     """The ini type to declare: ``int`` and ``float`` exist from pytest 8.4 on (with them pytest 9's
     ``[tool.pytest]`` takes TOML numbers); older pytest reads them as strings, which we parse."""
     version = _pytest_version() if pytest_version is None else pytest_version
@@ -157,10 +160,11 @@ def ini_type(declared: str, pytest_version: tuple[int, int] | None = None) -> st
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("nccl", "distributed tests on torch.distributed groups (pytest-nccl)")
     for s in SETTINGS:
-        if s.switch:
-            group.addoption(s.option, dest=s.key, action="store_true", default=None, help=s.help)
-        elif s.metavar:
-            group.addoption(s.option, dest=s.key, metavar=s.metavar, help=s.help)
+        option = s.option  # None: no command-line option (an ini key only)
+        if option is not None and s.switch:
+            group.addoption(option, dest=s.key, action="store_true", default=None, help=s.help)
+        elif option is not None:
+            group.addoption(option, dest=s.key, metavar=s.metavar, help=s.help)
         if s.ini:
             # no default here: "not set" must be told apart from a value, to fall back on s.default
             parser.addini(s.key, s.help, type=ini_type(s.ini), default=None)

@@ -32,7 +32,7 @@ class Inner:
     def section(self, test_name: str) -> str:
         """The failure section of one test in the inner session's output."""
         lines = self.result.stdout.lines
-        start = next((i for i, l in enumerate(lines) if l.startswith("_") and f" {test_name} " in l), None)
+        start = next((i for i, line in enumerate(lines) if line.startswith("_") and f" {test_name} " in line), None)
         if start is None:
             return ""
         end = next((i for i in range(start + 1, len(lines))
@@ -43,7 +43,7 @@ class Inner:
 def line_of(source: str, snippet: str) -> int:
     """1-based line of ``snippet`` in the module that ``run_inner`` writes from ``source``."""
     lines = textwrap.dedent(source).lstrip("\n").splitlines()
-    return next(i for i, l in enumerate(lines, 1) if snippet in l)
+    return next(i for i, line in enumerate(lines, 1) if snippet in line)
 
 
 def processes_with_tag(tag: str) -> list[str]:

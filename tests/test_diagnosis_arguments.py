@@ -1,6 +1,6 @@
-"""The diagnosis of the arguments the ranks must agree on (issue 12): every argument the ranks must agree on, point-to-point pairing, certain
-deadlocks failed fast and blamed by issue order, the user's group names, gloo's own size checks,
-headlines that stay short at world 64.
+"""The diagnosis of the arguments the ranks must agree on (issue 12): every argument the ranks must
+agree on, point-to-point pairing, certain deadlocks failed fast and blamed by issue order, the user's
+group names, gloo's own size checks, headlines that stay short at world 64.
 
 Pure checks on hand-written records first (determinism under shuffled orders and timings, world 64
 lengths, the journal format, the referee's rule); then real inner sessions, one per backend setting,
@@ -82,15 +82,16 @@ PATTERNS = {
                     view(1, "failed", [rec(1, 1, "all_to_all_single", state="entered", splits="1,3/2,2")],
                          message="RuntimeError: [enforce fail at gloo/alltoallv.cc:138] "
                                  "inLengthPerRank[myRank] == outLengthPerRank[myRank].")],
-                   "split mismatch in all_to_all_single #1 of group default: rank 1 sends 1 to rank 0, which expects 2, "
-                   "and 1 more pair (from /w/test_x.py:5); gloo rejected it on rank 1 (inLengthPerRank[myRank] == "
-                   "outLengthPerRank[myRank])", "CollectiveMismatch"),
+                   "split mismatch in all_to_all_single #1 of group default: rank 1 sends 1 to rank 0, "
+                   "which expects 2, and 1 more pair (from /w/test_x.py:5); gloo rejected it on rank 1 "
+                   "(inLengthPerRank[myRank] == outLengthPerRank[myRank])", "CollectiveMismatch"),
     "mesh-skip": ([view(r, "running", [rec(r, 1, pg="tp[0,1]", line=51), rec(r, 1, "barrier", "", "entered", line=52)])
                    for r in (0, 1)]
                   + [view(2, "running", [rec(2, 1, "barrier", "", "entered", line=52)]),
                      view(3, "running", [rec(3, 1, pg="tp[2,3]", state="entered", line=51)])],
                   "rank 2 skipped all_reduce #1 of group tp[2,3] from /w/test_x.py:51 and waits in barrier #1 of "
-                  "group default from /w/test_x.py:52; ranks 0,1 issued it first, rank 3 waits in it", "CollectiveMismatch"),
+                  "group default from /w/test_x.py:52; ranks 0,1 issued it first, rank 3 waits in it",
+                  "CollectiveMismatch"),
 }
 
 
@@ -142,7 +143,8 @@ WORLD_64 = {
     "split": [view(r, "running", [rec(r, 1, "all_to_all_single", state="entered",
                                       splits=f"{','.join(['2'] * W)}/{','.join(['2'] * (W - 1) + ['3'])}")])
               for r in range(W)],
-    "left": [view(r, "passed", []) if r in (5, 9) else view(r, "running", [rec(r, 1, state="entered")]) for r in range(W)],
+    "left": [view(r, "passed", []) if r in (5, 9) else view(r, "running", [rec(r, 1, state="entered")])
+             for r in range(W)],
     "raised": [view(r, "failed", [], message=f"ValueError: boom {r}") if r % 2 else
                view(r, "running", [rec(r, 1, state="entered")]) for r in range(W)],
     "died": [view(r, "dead" if r > 3 else "running", [rec(r, 1, state="entered")], signal_name="SIGKILL")
@@ -363,7 +365,8 @@ def test_zz_agreeing_arguments_pass(rank):
     dist.all_reduce(torch.ones(2), op=dist.ReduceOp.MAX, group=mesh.get_group("tp"))
     dp = mesh.get_group("dp")
     dist.broadcast(torch.ones(2), src=dist.get_global_rank(dp, 1), group=dp)
-    ops = [dist.P2POp(dist.isend, torch.ones(1), (rank + 1) % 4), dist.P2POp(dist.irecv, torch.zeros(1), (rank - 1) % 4)]
+    ops = [dist.P2POp(dist.isend, torch.ones(1), (rank + 1) % 4),
+           dist.P2POp(dist.irecv, torch.zeros(1), (rank - 1) % 4)]
     for work in dist.batch_isend_irecv(ops):
         work.wait()
     splits = [1, 2, 1, 0]  # uneven, consistent: rank r sends splits[j] to j and expects splits[r] from each
@@ -404,9 +407,9 @@ EXPECTED = {
         ", which rank 3 never receives (it passed); rank 2 waits in irecv(src=1, tag=0) from "
         f"{_at('for work in dist.batch_isend_irecv(ops):')}, which rank 1 never sends", "CollectiveMismatch"),
     "test_all_to_all_splits": (
-        "split mismatch in all_to_all_single #1 of group default: rank 1 sends 1 to rank 0, which expects 2, and 1 more "
-        f"pair (from {_at('output_split_sizes=[2, 2]')}); gloo rejected it on rank 1 (inLengthPerRank[myRank] == "
-        "outLengthPerRank[myRank])", "CollectiveMismatch"),
+        "split mismatch in all_to_all_single #1 of group default: rank 1 sends 1 to rank 0, which expects 2, "
+        f"and 1 more pair (from {_at('output_split_sizes=[2, 2]')}); gloo rejected it on rank 1 "
+        "(inLengthPerRank[myRank] == outLengthPerRank[myRank])", "CollectiveMismatch"),
     "test_mesh_skip": (f"rank 2 skipped all_reduce #1 of group tp[2,3] from {_at('# the tp all_reduce')} "
                        f"and waits in barrier #1 of group default from {_at('# rank 2 comes here')}; ranks 0,1 issued "
                        "it first, rank 3 waits in it", "CollectiveMismatch"),

@@ -55,7 +55,8 @@ def test_true_hang_slow_rank_and_timeout_outside_collectives():
     hang = [view(r, "running", [rec(r, 1, state="entered")]) for r in range(2)]
     assert diagnose(hang, "timeout", 5).kind == "hang"
     slow = [view(0, "running", [rec(0, 1, state="entered")]),
-            view(1, "running", [], stack='Thread MainThread:\n  File "/w/test_x.py", line 9, in test_y\n    time.sleep(9)\n')]
+            view(1, "running", [],
+                 stack='Thread MainThread:\n  File "/w/test_x.py", line 9, in test_y\n    time.sleep(9)\n')]
     d = diagnose(slow, "timeout", 5)
     assert d.kind == "slow-rank" and d.exception_name == "CollectiveTimeout"
     assert "rank 1 is busy outside any collective at /w/test_x.py:9 (in test_y)" in d.headline
@@ -102,7 +103,7 @@ def test_table_fits_120_columns_for_world_8_and_folds_the_prefix():
     table = format_table(ranks, d)
     assert max(len(line) for line in table.splitlines()) <= 120
     assert "37 matching collectives folded" in table
-    marked = [l for l in table.splitlines() if l.startswith(">>")]
+    marked = [line for line in table.splitlines() if line.startswith(">>")]
     assert len(marked) == 1 and marked[0].startswith(">>  #40 ag_tensor")
     cells = marked[0][8:].split()
     assert cells.count("-") == 1 and marked[0].index(" - ") > marked[0].index("ag_tensor") + 5 * 14 - 14

@@ -120,8 +120,8 @@ EXPECTED = {
         "rank 1 left the test (passed) after 1 collective in group default; rank 0 waits in all_gather #2 of "
         f"group default from test_inner.py:{line_of(FAILURES, 'dist.all_gather([torch.zeros(2)')}")],
     "test_g_true_hang": [re.escape(f"p2p deadlock: both ranks receive first: rank 0 waits in recv(src=1, tag=0) from "
-                                   f"test_inner.py:{line_of(FAILURES, 'dist.recv(t, src=1 - rank)')}, which rank 1 never "
-                                   "sends; rank 1 waits in recv(src=0, tag=0)"),
+                                   f"test_inner.py:{line_of(FAILURES, 'dist.recv(t, src=1 - rank)')}, "
+                                   "which rank 1 never sends; rank 1 waits in recv(src=0, tag=0)"),
                          re.escape("-- Python stack of ranks 0,1 (all threads) --"),
                          re.escape("dist.recv(t, src=1 - rank)")],
     "test_h_slow_rank": [rf"slow rank: rank 1 is busy outside any collective at test_inner.py:"

@@ -5,8 +5,17 @@ that runs tests (never --help, --version, --markers or --collect-only)."""
 import pytest
 
 from pytest_nccl.errors import NcclUsageError
-from pytest_nccl.settings import (BY_NAME, MARKER, MARKER_ARGS, SETTINGS, Settings, ini_type, parse_switch,
-                                  rank_fixture_conflict, unsupported_platform)
+from pytest_nccl.settings import (
+    BY_NAME,
+    MARKER,
+    MARKER_ARGS,
+    SETTINGS,
+    Settings,
+    ini_type,
+    parse_switch,
+    rank_fixture_conflict,
+    unsupported_platform,
+)
 
 PYTEST_9 = int(pytest.__version__.split(".")[0]) >= 9
 

@@ -21,8 +21,8 @@ import pytest
 from conftest import assert_no_leftovers, line_of
 
 from pytest_nccl import spmd
-from pytest_nccl.errors import NcclUsageError
 from pytest_nccl.core.messages import Collected
+from pytest_nccl.errors import NcclUsageError
 from pytest_nccl.spmd.collection import collection_difference
 from pytest_nccl.spmd.release import abort_connections
 
@@ -112,7 +112,7 @@ class Launched:
     def reported_once_text(self) -> str:
         """All output but the short test summary, whose lines repeat a headline in full where pytest
         does not truncate them (CI=true)."""
-        return "\n".join(l for l in self.text.splitlines() if not l.startswith(("FAILED ", "ERROR ")))
+        return "\n".join(line for line in self.text.splitlines() if not line.startswith(("FAILED ", "ERROR ")))
 
     @property
     def report(self) -> str:
@@ -123,7 +123,7 @@ class Launched:
 
     def section(self, test_name: str) -> str:
         lines = self.report.splitlines()
-        start = next((i for i, l in enumerate(lines) if l.startswith("_") and f" {test_name} " in l), None)
+        start = next((i for i, line in enumerate(lines) if line.startswith("_") and f" {test_name} " in line), None)
         if start is None:
             return ""
         end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith(("___", "==="))), len(lines))

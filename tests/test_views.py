@@ -238,7 +238,8 @@ def test_real_trace_events_follow_the_format(inner):
     data = json.loads((inner.traces / (BASE + ".trace.json")).read_text())
     slices = check_trace_events(data, 4)
     assert data["otherData"]["headline"].startswith("op mismatch at collective #8 of group default")
-    assert {s["name"] for s in slices if s["args"].get("diverging")} == {"broadcast #8 default", "all_reduce #8 default"}
+    diverging = {s["name"] for s in slices if s["args"].get("diverging")}
+    assert diverging == {"broadcast #8 default", "all_reduce #8 default"}
     assert all(s["args"]["site"].startswith("test_views_inner.py:") for s in slices)
 
 

@@ -19,8 +19,17 @@ from typing import Callable
 
 from packaging.version import Version
 
-from .envs import (BaseInfo, EnvBuildError, EnvRequest, build_deps_layer, env_python, installed_requires,
-                   link_torch, requirement_closure, site_packages_of)
+from .envs import (
+    BaseInfo,
+    EnvBuildError,
+    EnvRequest,
+    build_deps_layer,
+    env_python,
+    installed_requires,
+    link_torch,
+    requirement_closure,
+    site_packages_of,
+)
 
 
 def _clean_env() -> dict[str, str]:
@@ -114,7 +123,7 @@ def verify_env(python: Path, request: EnvRequest, base: BaseInfo, log: Path, tim
 
 def find_uv() -> str | None:
     try:
-        import uv  # type: ignore
+        import uv
 
         path = uv.find_uv_bin()
         if path and Path(path).exists():

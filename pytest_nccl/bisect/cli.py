@@ -30,14 +30,22 @@ from typing import Sequence, TextIO
 
 from packaging.version import InvalidVersion, Version
 
-from . import builders
+from . import builders, search
 from . import envs as envs_mod
-from . import search
 from .heartbeat import Heartbeat
-from .progress import TerminalReporter, render_bisect, render_sweep
 from .prober import ProbeConfig, ReleaseProber, tooling_requirements
+from .progress import TerminalReporter, render_bisect, render_sweep
 from .search import BoundsError
-from .versions import IndexError_, PipIndex, PyPIJsonIndex, Release, StaticIndex, parse_version_list, select_range
+from .versions import (
+    Index,
+    IndexError_,
+    PipIndex,
+    PyPIJsonIndex,
+    Release,
+    StaticIndex,
+    parse_version_list,
+    select_range,
+)
 
 EXIT_FOUND = 0
 EXIT_AMBIGUOUS = 1
@@ -179,7 +187,7 @@ def check_args(parser: argparse.ArgumentParser, ns: argparse.Namespace, pytest_a
 # --------------------------------------------------------------------------- main
 
 
-def _index(ns) -> object:
+def _index(ns) -> Index:
     if getattr(ns, "index", None) is not None:
         return ns.index
     if ns.pip_index:
@@ -217,7 +225,8 @@ class EnvironmentProblem(Exception):
     """This interpreter cannot build release envs (exit ``EXIT_ENVIRONMENT``, not the usage code)."""
 
 
-def _make_cache(ns, out: TextIO, prog: str = "bisect") -> tuple[envs_mod.EnvCache, str, list[str], list[str], list[str]]:
+def _make_cache(ns, out: TextIO,
+                prog: str = "bisect") -> tuple[envs_mod.EnvCache, str, list[str], list[str], list[str]]:
     root = envs_mod.cache_root(ns.cache_dir)
     base = envs_mod.detect_base()
     if not base.torch_version:
@@ -226,6 +235,7 @@ def _make_cache(ns, out: TextIO, prog: str = "bisect") -> tuple[envs_mod.EnvCach
     uv = builders.find_uv() if ns.installer in ("auto", "uv") else None
     if ns.installer == "uv" and not uv:
         raise EnvironmentProblem(f"pytest-nccl {prog}: --installer uv but no uv found (pip install uv)")
+    builder: builders.UvBuilder | builders.PipBuilder
     if uv:
         builder = builders.UvBuilder(uv, stream=ns.verbose)
     else:
@@ -295,12 +305,12 @@ def run(ns, out: TextIO, *, err: TextIO | None = None, index=None, make_cache=No
     if ns.sweep:
         reporter = TerminalReporter(out, total=len(versions), verbose=ns.verbose)
         prober = ReleaseProber(cache, by_version, config, reporter=reporter, step=step, **extra_kw)
-        result = search.sweep(versions, prober)
-        for ln in render_sweep(result, ns.package):
+        swept = search.sweep(versions, prober)
+        for ln in render_sweep(swept, ns.package):
             out.write(ln + "\n")
-        if not result.good and not result.bad:
+        if not swept.good and not swept.bad:
             return EXIT_NOTHING_TESTABLE
-        return 1 if result.bad else 0
+        return 1 if swept.bad else 0
 
     mode = search.direction(ns.good, ns.bad)
     out.write(f"{'regression' if mode == 'regression' else 'fix'}: good {ns.good}, bad {ns.bad} -> looking for "

@@ -85,7 +85,9 @@ def first_line(text: str | None) -> str:
 
 def crash_from_text(text: str | None) -> str:
     e_lines = [ln[1:].strip() for ln in (text or "").splitlines() if ln.startswith("E ")]
-    return first_line(e_lines[0]) if e_lines else first_line((text or "").strip().splitlines()[-1] if (text or "").strip() else "")
+    if e_lines:
+        return first_line(e_lines[0])
+    return first_line((text or "").strip().splitlines()[-1] if (text or "").strip() else "")
 
 
 def parse_junit(text: str) -> list[CaseResult]:
@@ -241,6 +243,7 @@ def run_pytest(python: Path, pytest_args: Sequence[str], *, log: Path, timeout: 
         cmd = build_command(python, pytest_args, junit, plugin)
         t0 = time.monotonic()
         timed_out = False
+        rc: int | None
         with open(log, "w") as fh:
             fh.write("$ " + " ".join(cmd) + "\n")
             fh.flush()

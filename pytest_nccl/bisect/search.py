@@ -161,7 +161,7 @@ def bisect(versions: Sequence[str], good: str, bad: str, probe: Callable[[str], 
         return memo[v]
 
     if check_bounds:
-        for i, expected, name in ((lo, old_state, "older"), (hi, new_state, "newer")):
+        for i, expected in ((lo, old_state), (hi, new_state)):
             p = run(i)
             v = ordered[i]
             claimed = "good" if expected is Verdict.GOOD else "bad"

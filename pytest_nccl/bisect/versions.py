@@ -174,7 +174,7 @@ class StaticIndex:
         for item in self.data[key]:
             rel = item if isinstance(item, Release) else Release(str(item))
             try:
-                rel.parsed
+                _ = rel.parsed  # a version that does not parse is the index's error
             except InvalidVersion:
                 raise IndexError_(f"{name}: {rel.version!r} is not a valid version") from None
             out.append(rel)

@@ -17,7 +17,8 @@ class Digest(NamedTuple):
     """What one rank issued in one group: how many collectives, the crc32 of what every member must
     agree on (``signature_text`` of each, in order), and the all_to_all split sizes (``(seq,
     "sent/expected")`` each), which must be consistent rather than equal."""
-    count: int
+    # the field hides the tuple's count() method, which mypy reports; the name is what readers use
+    count: int  # type: ignore[assignment]
     crc: int
     splits: tuple = ()
 

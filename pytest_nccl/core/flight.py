@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 
-from .states import RecordState, Source
 from .records import CollectiveRecord
+from .states import RecordState, Source
 
 DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
           "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8",
@@ -41,8 +41,11 @@ def group_name_of(label: str, group: str = "") -> str:
     return base[2:].split("[")[0] if base.startswith("pg") else base
 
 
-def records_from_dump(text: str, rank: int, since_ns: int = 0) -> list[CollectiveRecord]:
-    """Non-p2p entries created at or after ``since_ns`` (the call's start, wall clock)."""
+def records_from_dump(text: str | None, rank: int, since_ns: int = 0) -> list[CollectiveRecord]:
+    """Non-p2p entries created at or after ``since_ns`` (the call's start, wall clock); none without a
+    readable dump (``text`` None: the rank sent none)."""
+    if text is None:
+        return []
     try:
         dump = json.loads(text)
     except (TypeError, ValueError):
@@ -58,7 +61,8 @@ def records_from_dump(text: str, rank: int, since_ns: int = 0) -> list[Collectiv
         dtypes = entry.get("input_dtypes") or []
         out.append(CollectiveRecord(
             rank=rank, pg="default" if name == "0" else f"pg{name}", seq=0, op=op,
-            shapes=_shapes(entry.get("input_sizes") or []), dtype=DTYPES.get(dtypes[0], str(dtypes[0]).lower()) if dtypes else "",
+            shapes=_shapes(entry.get("input_sizes") or []),
+            dtype=DTYPES.get(dtypes[0], str(dtypes[0]).lower()) if dtypes else "",
             async_op=True, state=RecordState.COMPLETED if entry.get("retired") else RecordState.ENTERED,
             t_start=(created - since_ns) / 1e9 if since_ns else 0.0, source=Source.FLIGHT_RECORDER,
             fr_seq=int(entry.get("collective_seq_id") or 0)))
@@ -84,7 +88,7 @@ def merge(journals: dict[int, list[CollectiveRecord]],
                 base[rec.pg] = min(base.get(rec.pg, rec.fr_seq), rec.fr_seq)
     for records in merged.values():
         for rec in records:
-            if rec.pg in base and rec.pg not in unnumbered and not rec.pg.endswith(":p2p"):
+            if rec.fr_seq is not None and rec.pg in base and rec.pg not in unnumbered and not rec.pg.endswith(":p2p"):
                 rec.seq = rec.fr_seq - base[rec.pg] + 1
     return merged
 
@@ -93,7 +97,7 @@ def _combine(python: list[CollectiveRecord], recorded: list[CollectiveRecord]) -
     """One rank: its Python records plus the entries they do not cover, group by group, each group
     in its own order (the journal's and the Flight Recorder's clocks have different origins, so
     times do not interleave exactly)."""
-    labels = {}
+    labels: dict[str, str] = {}
     for rec in python:
         if not rec.pg.endswith(":p2p"):
             labels.setdefault(group_name_of(rec.pg, rec.group), rec.pg)
@@ -111,6 +115,6 @@ def _combine(python: list[CollectiveRecord], recorded: list[CollectiveRecord]) -
     combined = []
     for records in by_pg.values():
         if all(r.fr_seq is not None for r in records):
-            records.sort(key=lambda r: r.fr_seq)
+            records.sort(key=lambda r: r.fr_seq or 0)  # every one is numbered here
         combined.extend(records)
     return combined

@@ -4,6 +4,7 @@ Standard library only: every rank imports it."""
 
 from __future__ import annotations
 
+
 def rank_ranges(ranks) -> str:
     """'0-14,16' for ranks 0..14 and 16: runs of three or more as ranges."""
     ranks = sorted(set(ranks))
@@ -22,7 +23,7 @@ def rank_ranges(ranks) -> str:
 
 def parse_ranges(text: str) -> list[int] | None:
     """The inverse of ``rank_ranges`` (also 'a-b:s' for a stride); None when it is not one."""
-    out = []
+    out: list[int] = []
     try:
         for part in text.split(","):
             if "-" in part:

@@ -40,7 +40,6 @@ from .records import RankView
 from .states import MISMATCH_KINDS, RankState, Reason, RecordState, Source
 from .waits import P2PIndex, stuck_ranks
 
-
 # -- the predicates of the rules, on the journals read so far (pure: tested on data) --------------
 
 def _running_views(journals: dict, live: dict, views: dict | None = None) -> dict:
@@ -145,7 +144,7 @@ class Referee:
         self.world, self.bound, self.t0, self.trace, self.timing = world, bound, t0, trace, timing
         self.flight_recorder = flight_recorder
         self.rolling = rolling                      # watch mode: the bound is for a stall (module doc)
-        self._progress = None
+        self._progress: list | None = None          # rolling: journal sizes at the last progress
         self._looked = False                        # rolling: a wait seen once at the deadline
         self.deadline = t0 + bound
         self.states: dict[int, RankState] = {}     # ranks that finished (outcome, or died)
@@ -154,7 +153,7 @@ class Referee:
         self._next_check = t0 + timing.poll
         self._next_stall = t0 + timing.stall_check
         self._next_flight_recorder = t0 + timing.flight_recorder_poll
-        self._last_sizes = None
+        self._last_sizes: list | None = None
         self._quiet_since = t0
 
     # -- what the transport reports ------------------------------------------------------------------

@@ -69,16 +69,16 @@ def _main_frames(stack: str) -> list[tuple[str, str, str, str]]:
     """(path, line, function, source) of the main thread's frames, outermost first, from our
     format or faulthandler's (most recent call first)."""
     lines = stack.splitlines()
-    start = next((i for i, l in enumerate(lines) if "MainThread" in l or "Current thread" in l), 0)
-    frames = []
+    start = next((i for i, text in enumerate(lines) if "MainThread" in text or "Current thread" in text), 0)
+    frames: list[tuple[str, str, str, str]] = []
     for i in range(start + 1, len(lines)):
-        l = lines[i].strip()
-        if l.startswith("Thread ") or (l.startswith("Current thread") and frames):
+        text = lines[i].strip()
+        if text.startswith("Thread ") or (text.startswith("Current thread") and frames):
             break
-        if not l.startswith("File "):
+        if not text.startswith("File "):
             continue
         try:
-            path, rest = l.split('"')[1], l.split('"', 2)[2]
+            path, rest = text.split('"')[1], text.split('"', 2)[2]
             line = rest.split("line ", 1)[1].split(",")[0].split()[0]
             func = rest.rsplit("in ", 1)[1].strip()
         except IndexError:

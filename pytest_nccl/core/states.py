@@ -14,8 +14,11 @@ import enum
 class _Word(str, enum.Enum):
     """An enum member that prints as its value in reports, headlines and JSON."""
 
-    __str__ = str.__str__
-    __format__ = str.__format__
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, format_spec: str) -> str:
+        return str.__format__(self, format_spec)
 
 
 class RankState(_Word):

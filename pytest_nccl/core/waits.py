@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from .groups import members_of
 from .ops import P2P_OPS
-from .records import CollectiveRecord, P2P
+from .records import P2P, CollectiveRecord
 from .states import RankState, Source
+
 
 class P2PIndex:
     """Every rank's point-to-point transfers, per channel (group, source, destination, tag), in issue

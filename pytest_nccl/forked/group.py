@@ -14,6 +14,7 @@ import socket
 import tempfile
 import time
 from multiprocessing.connection import Connection, wait
+from typing import cast
 
 from ..core.exits import decode_wait_status, describe_wait_status
 from ..core.flight import merge as merge_flight_recorder
@@ -26,6 +27,12 @@ from ..core.reports import CallResult, RankReport
 from ..core.states import RankState, Reason
 from ..errors import RankSetupError
 from .zygote_client import Zygote
+
+
+def _ready(conns: list[Connection], timeout: float) -> list[Connection]:
+    """``wait`` on connections: it returns some of those it was given (its stub: any waitable)."""
+    return cast("list[Connection]", wait(conns, timeout=timeout))
+
 
 def _journal_path(call: Call, rank: int) -> str:
     return os.path.join(call.journal_dir, f"journal-{rank}.txt")
@@ -61,7 +68,7 @@ class RankGroup:
     def __init__(self, zygote: Zygote, world: int, backend: str, timeout: float, workdir: str,
                  gpu_ids: list | None = None, rank_env: dict | None = None):
         self.zygote, self.world, self.backend, self.timeout = zygote, world, backend, timeout
-        self.key = (world, backend, timeout)
+        self.key: tuple = (world, backend, timeout)  # GroupPool sets its own lookup key
         self.gid = next(self._ids)
         self.dir = tempfile.mkdtemp(prefix=f"g{self.gid}-", dir=workdir)
         self.gpu_ids = gpu_ids  # physical device ids (the leaser maps them through CUDA_VISIBLE_DEVICES)
@@ -99,20 +106,19 @@ class RankGroup:
                             master_addr="127.0.0.1", master_port=master_port, env=self.rank_env,
                             run_id=f"pytest-nccl-{os.getpid()}-{self.gid}")
             self.pids[rank] = self.zygote.fork(spec)
-        pending_socks: list[socket.socket] = []
         hello: dict = {}
         while len(self.joined) + len(self.setup_errors) < self.world:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            waitables = [self._listener, *pending_socks, *hello, self.zygote.conn]
+            waitables = [self._listener, *hello, self.zygote.conn]
             for ready in wait(waitables, timeout=min(left, 0.5)):
                 if ready is self._listener:
                     sock, _ = self._listener.accept()
                     hello[Connection(sock.detach())] = None
                 elif ready is self.zygote.conn:
                     self.zygote.drain()
-                else:
+                elif isinstance(ready, Connection):  # a rank's, saying hello
                     try:
                         msg = ready.recv()
                     except (EOFError, OSError):
@@ -175,8 +181,8 @@ class RankGroup:
             reason = referee.step(time.monotonic(), view)
             if reason is not None:
                 break
-            ready = wait([*state.live.values(), self.zygote.conn],
-                         timeout=max(0.0, referee.wake_at() - time.monotonic()))
+            ready = _ready([*state.live.values(), self.zygote.conn],
+                           timeout=max(0.0, referee.wake_at() - time.monotonic()))
             for obj in ready:
                 if obj is self.zygote.conn:
                     self.zygote.drain()
@@ -219,7 +225,7 @@ class RankGroup:
             if settled(self._journals(state.call), state.live):
                 return  # everyone still running waits in a collective: nothing more will come
             timeout = max(0.0, min(TIMING.poll, deadline - time.monotonic()))
-            for obj in wait(list(state.live.values()), timeout=timeout):
+            for obj in _ready(list(state.live.values()), timeout=timeout):
                 self._receive(obj, state)
 
     def _receive(self, conn: Connection, state: "_CallState") -> None:
@@ -266,7 +272,7 @@ class RankGroup:
             conns = [self.conns[r] for r in state.pending_dumps if r in self.conns]
             if not conns:
                 break
-            for obj in wait(conns, timeout=max(0.0, deadline - time.monotonic())):
+            for obj in _ready(conns, timeout=max(0.0, deadline - time.monotonic())):
                 self._receive(obj, state)
             state.pending_dumps &= set(self.conns)
 

@@ -17,10 +17,11 @@ from ..core.reports import CallResult
 from ..core.states import RankState
 from ..errors import NcclUsageError, RankSetupError
 from ..session import NcclSession, exception_class, item_budget, item_outcome, record_failure, write_trace
-from ..settings import RANK_FIXTURES, Budget, Placement, argnames_of, parse_marker
+from ..settings import RANK_FIXTURES, Budget, MarkerArgs, Placement, argnames_of, parse_marker
 from ..views.report import format_report
 from .gpus import GpuLeaser
 from .pool import GroupPool
+
 
 class RankValue:
     """What a rank-side fixture holds in the controller: the real value exists only in a rank."""
@@ -74,7 +75,7 @@ class ForkedMode:
 
     def run_item(self, item: pytest.Function) -> bool:
         __tracebackhide__ = True
-        args = parse_marker(item)
+        args = parse_marker(item) or MarkerArgs()  # run_item is only asked for marked items
         settings = self.session.settings
         world = args.world or settings.world
         placement = self.session.placement(world, args.backend)
@@ -210,10 +211,11 @@ def function_reference(fn) -> tuple[str, str, str]:
         raise NcclUsageError(f"{qualname} is a nested function or closure, which a rank cannot import: "
                              "define it at module level")
     mod = sys.modules.get(module)
-    if module == "__main__" or mod is None or not getattr(mod, "__file__", None):
+    path = getattr(mod, "__file__", None) if mod is not None else None
+    if module == "__main__" or not path:
         raise NcclUsageError(f"{qualname} lives in module {module!r}, which a rank cannot import: "
                              "define it in an importable module")
-    return module, mod.__file__, qualname
+    return module, path, qualname
 
 
 def _same_error_everywhere(result: CallResult, world: int) -> NcclUsageError | None:

@@ -6,17 +6,20 @@ import os
 import shutil
 import tempfile
 import time
+from typing import Callable
 
-from ..errors import RankSetupError
-from .group import RankGroup
 from ..core.messages import RankStart
+from ..errors import RankSetupError
+from .gpus import GpuLeaser, Lease
+from .group import RankGroup
 from .zygote_client import Zygote
+
 
 class GroupPool:
     """One fork server and at most one live group per pytest process."""
 
-    def __init__(self, workdir_parent: str | None, preload: list, trace: bool, gpu_leaser=None,
-                 rank_start: str = "auto"):
+    def __init__(self, workdir_parent: str | None, preload: list, trace: bool,
+                 gpu_leaser: GpuLeaser | Callable[[], GpuLeaser] | None = None, rank_start: str = "auto"):
         # journals and outputs on tmpfs where there is one: a journal line is a syscall per collective
         if workdir_parent is None and os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
             workdir_parent = "/dev/shm"
@@ -27,7 +30,7 @@ class GroupPool:
         self.zygote_env: dict = {}
         self.group: RankGroup | None = None
         self.gpu_leaser = gpu_leaser  # a GpuLeaser, or a function that makes one when first needed
-        self.lease = None
+        self.lease: Lease | None = None
         self.calls = 0
         self.rank_start = rank_start
         self.spawned_group_starts: list[float] = []  # seconds, of groups started as fresh interpreters
@@ -75,6 +78,7 @@ class GroupPool:
         gpu_ids = None
         rank_env = {}
         if placement.gpus:
+            assert self.gpu_leaser is not None, "a pool made without a GPU leaser runs CPU groups only"
             if callable(self.gpu_leaser):
                 self.gpu_leaser = self.gpu_leaser()  # made when a group first needs GPUs
             try:

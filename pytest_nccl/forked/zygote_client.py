@@ -11,8 +11,18 @@ import sys
 import time
 from multiprocessing.connection import Connection
 
-from ..core.messages import (Exited, Forked, ForkRank, Imported, ImportModules, RankSpec, RankStart, Ready,
-                             ZygoteConfig, ZygoteInfo)
+from ..core.messages import (
+    Exited,
+    Forked,
+    ForkRank,
+    Imported,
+    ImportModules,
+    RankSpec,
+    RankStart,
+    Ready,
+    ZygoteConfig,
+    ZygoteInfo,
+)
 from ..errors import RankSetupError
 
 ZYGOTE_START_TIMEOUT = 300.0  # importing torch and every test module (trl: 6-7 s) on a loaded host
@@ -21,7 +31,8 @@ ZYGOTE_START_TIMEOUT = 300.0  # importing torch and every test module (trl: 6-7 
 class Zygote:
     """Client of the fork server (``zygote.py``)."""
 
-    def __init__(self, workdir: str, preload: list, env: dict, trace: bool, rank_start: RankStart = RankStart.AUTO):
+    def __init__(self, workdir: str, preload: list, env: dict, trace: bool,
+                 rank_start: str = RankStart.AUTO):  # a RankStart, or its word
         self.workdir = workdir
         self.exits: dict[int, int] = {}  # pid -> raw wait status, as the zygote reports them
         self.imported: set = {name for name, _ in preload}

@@ -14,6 +14,7 @@ import ast
 import datetime
 import faulthandler
 import importlib
+import io
 import os
 import pickle
 import queue
@@ -24,10 +25,10 @@ import threading
 import time
 import types
 from multiprocessing.connection import Connection
+from typing import Any
 
 from ..core.agreement import Digest
-from ..core.messages import (Call, CallDone, CallKind, Dump, DumpRequest, Hello, Joined, RankSpec, RunCall,
-                             SetupFailed)
+from ..core.messages import Call, CallDone, CallKind, Dump, DumpRequest, Hello, Joined, RankSpec, RunCall, SetupFailed
 from ..core.reports import RankReport
 from ..core.states import RankState
 from . import tracer
@@ -177,7 +178,8 @@ def main(spec: RankSpec, prepare=None) -> None:
     os.close(out_fd)
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.reconfigure(write_through=True)
+            if isinstance(stream, io.TextIOWrapper):
+                stream.reconfigure(write_through=True)
         except Exception:
             pass
     stack_file = open(spec.stack_path, "w")
@@ -197,7 +199,7 @@ def main(spec: RankSpec, prepare=None) -> None:
     try:
         timeout = datetime.timedelta(seconds=spec.pg_timeout)
         store = dist.FileStore(spec.store_path, spec.world)
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         if spec.backend == "nccl":
             torch.cuda.set_device(spec.local_rank)
             kwargs["device_id"] = torch.device("cuda", spec.local_rank)

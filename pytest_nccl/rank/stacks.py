@@ -23,8 +23,9 @@ def _harness_dirs() -> tuple:
     """pytest's and pluggy's code: the generic folder names, and the pytest package's own folder."""
     dirs = [os.sep + "_pytest" + os.sep, os.sep + "pluggy" + os.sep]
     mod = sys.modules.get("pytest")
-    if mod is not None and getattr(mod, "__file__", None):
-        dirs.append(os.path.dirname(mod.__file__) + os.sep)
+    path = getattr(mod, "__file__", None) if mod is not None else None
+    if path:
+        dirs.append(os.path.dirname(path) + os.sep)
     return tuple(dirs)
 
 
@@ -64,7 +65,7 @@ def format_stacks(cut_main_to_user: bool = False) -> str:
         name = names.get(ident, str(ident))
         if ident == threading.get_ident() or name.startswith(THREAD_PREFIX):
             continue
-        frames = traceback.extract_stack(frame)
+        frames: list[traceback.FrameSummary] = traceback.extract_stack(frame)
         if ident == main and cut_main_to_user:
             frames = user_frames(frames)
         frames = [f for f in frames if f.filename != _TRACER]
@@ -75,7 +76,7 @@ def format_stacks(cut_main_to_user: bool = False) -> str:
 def format_exception(exc: BaseException, drop: tuple = (), cut_to_user: bool = False) -> str:
     """The traceback without the tracer's wrappers and the files in ``drop`` (the rank loop);
     ``cut_to_user``: from the first frame that is not the harness's."""
-    frames = traceback.extract_tb(exc.__traceback__)
+    frames: list[traceback.FrameSummary] = traceback.extract_tb(exc.__traceback__)
     if cut_to_user:
         frames = user_frames(frames)
     frames = [f for f in frames if f.filename != _TRACER and f.filename not in drop]

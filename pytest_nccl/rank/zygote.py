@@ -2,7 +2,8 @@
 what they import: trl takes 6-7 s) once, then forks a rank per request in about a millisecond.
 
 Started by ``forked.zygote_client.Zygote`` as ``python -m pytest_nccl.rank.zygote FD PARENT``; speaks
-the fork server's messages of ``core/messages.py`` (pickled) over the socket FD. It reaps its children and reports each exit, because ranks are not the controller's children.
+the fork server's messages of ``core/messages.py`` (pickled) over the socket FD. It reaps its children
+and reports each exit, because ranks are not the controller's children.
 It dies with the controller (PR_SET_PDEATHSIG), and every rank dies with it.
 
 CUDA: a process that initialized CUDA cannot give CUDA to a forked child ("Cannot re-initialize
@@ -24,9 +25,21 @@ import signal
 import sys
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
+from typing import Any, Callable, NoReturn
 
-from ..core.messages import (Exited, Forked, ForkRank, Imported, ImportModules, RankSpec, RankStart, Ready,
-                             SpawnedRank, ZygoteConfig, ZygoteInfo)
+from ..core.messages import (
+    Exited,
+    Forked,
+    ForkRank,
+    Imported,
+    ImportModules,
+    RankSpec,
+    RankStart,
+    Ready,
+    SpawnedRank,
+    ZygoteConfig,
+    ZygoteInfo,
+)
 
 PR_SET_PDEATHSIG = 1
 
@@ -139,6 +152,7 @@ def spawned_rank_main(spec_path: str, parent: int) -> None:
     from . import loop
     loop.set_environment(job.spec)  # CUDA_VISIBLE_DEVICES and friends, before any module touches CUDA
     import torch.distributed  # noqa: F401
+
     from . import tracer
     if job.trace:
         tracer.install()
@@ -178,7 +192,7 @@ class _Server:
             status = -1
         self.conn.send(Exited(pid, status))
 
-    def controller_gone(self) -> None:
+    def controller_gone(self) -> NoReturn:
         for pid in self.pidfds.values():
             try:
                 os.killpg(pid, signal.SIGKILL)
@@ -187,10 +201,10 @@ class _Server:
         os._exit(0)
 
     def serve(self) -> None:
-        handlers = {ImportModules: self.on_import, ForkRank: self.on_fork}
+        handlers: dict[type, Callable[[Any], None]] = {ImportModules: self.on_import, ForkRank: self.on_fork}
         while True:
             for ready in wait([self.conn, *self.pidfds]):
-                if ready is not self.conn:
+                if isinstance(ready, int):  # a child's pidfd: it exited
                     self.reap(ready)
                     continue
                 try:
@@ -215,6 +229,7 @@ def main() -> None:
     os.environ.update(config.env)
     import torch
     import torch.distributed  # noqa: F401
+
     from . import loop, tracer  # noqa: F401
     if config.trace:
         tracer.install()

@@ -21,7 +21,8 @@ def collection_difference(lists: dict, world: int, gone: list) -> str | None:
         ids = lists[r].ids
         if ids == ref:
             continue
-        i = next((i for i, (a, b) in enumerate(zip(ref, ids)) if a != b), min(len(ref), len(ids)))
+        # the lists may differ in length (a rank collected more): the first difference is past the shorter
+        i = next((i for i, (a, b) in enumerate(zip(ref, ids, strict=False)) if a != b), min(len(ref), len(ids)))
         mine = ref[i] if i < len(ref) else "(nothing)"
         theirs = ids[i] if i < len(ids) else "(nothing)"
         parts.append(f"rank {r} collected {len(ids)} tests, rank 0 {len(ref)}; first difference at test "

@@ -12,14 +12,19 @@ import signal
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
-from ..errors import RankSetupError
 from ..core.referee import TIMING
+from ..errors import RankSetupError
 from .release import abort_connections
 from .store import BYE, COLLECT_WAIT, DONE, FINISH_WAIT, GROUP_WAIT_MIN, LEFT, VERDICT_MARGIN, poll, safe_set
 
+if TYPE_CHECKING:  # torch is imported when a rank connects, not when pytest loads the plugin
+    from torch.distributed import Store, TCPStore
+
+Client = TypeVar("Client")
 INTERRUPT_SIGNAL = signal.SIGUSR2   # the decider aborted the test: interrupt a body outside collectives
 STUCK_EXIT_CODE = 1
 
@@ -31,8 +36,11 @@ class LaunchedGroup:
         self.launch, self.backend = launch, backend
         self.rank, self.world = launch.rank, launch.world
         self.debug, self.say = debug, say
-        self.store = self.wstore = self.dstore = None  # main thread's, watchdog's, decider's (rank 0)
-        self._base = None                      # the main thread's TCPStore client (under self.store)
+        # main thread's, watchdog's, decider's (rank 0); None until connect() (or when it failed)
+        self.store: Store | None = None
+        self.wstore: Store | None = None
+        self.dstore: Store | None = None
+        self._base: TCPStore | None = None     # the main thread's TCPStore client (under self.store)
         self.gen = 0                           # process group generation: its store prefix pg<gen>/
         self.need_group = True                 # (re)create the default group at the next marked test
         self.pg_timeout = 0.0
@@ -41,27 +49,34 @@ class LaunchedGroup:
         """The launcher's store: torchrun's agent hosts it (every rank is a client); without an agent
         rank 0 hosts it, as ``env://`` would. One client per thread that waits on it."""
         import torch.distributed as dist
-        l = self.launch
+        launch = self.launch
         timeout = datetime.timedelta(seconds=COLLECT_WAIT)
-        host = l.rank == 0 and not l.agent_store
+        host = launch.rank == 0 and not launch.agent_store
 
         def client(master: bool = False):
-            return dist.TCPStore(l.master_addr, l.master_port, l.world, master, timeout=timeout,
+            return dist.TCPStore(launch.master_addr, launch.master_port, launch.world, master, timeout=timeout,
                                  wait_for_workers=False)
 
         try:
             self._base = client(host)
-            prefix = f"pytest-nccl/{l.run_id}/{l.attempt}/"
+            prefix = f"pytest-nccl/{launch.run_id}/{launch.attempt}/"
             self.store = dist.PrefixStore(prefix, self._base)
             self.wstore = dist.PrefixStore(prefix, client())
-            self.dstore = dist.PrefixStore(prefix, client()) if l.rank == 0 else None
+            self.dstore = dist.PrefixStore(prefix, client()) if launch.rank == 0 else None
         except Exception as exc:
             self.store = self.wstore = self.dstore = None
-            raise pytest.UsageError(f"pytest-nccl SPMD mode: rank {l.rank} cannot reach the launcher's store at "
-                                    f"{l.master_addr}:{l.master_port}: {type(exc).__name__}: {exc}") from None
+            raise pytest.UsageError(
+                f"pytest-nccl SPMD mode: rank {launch.rank} cannot reach the launcher's store at "
+                f"{launch.master_addr}:{launch.master_port}: {type(exc).__name__}: {exc}") from None
 
     def set(self, key: str, value) -> None:
         safe_set(self.store, key, value, self.debug)
+
+    def _connected(self, client: Client | None) -> Client:
+        """A store client of ``connect``, which every test and the session's end come after."""
+        if client is None:
+            raise RankSetupError(f"pytest-nccl: rank {self.rank} is not connected to the launcher's store")
+        return client
 
     def ensure(self, bound: float) -> None:
         """The default process group, over the launcher's store (prefix ``pg<gen>/``), with the bound
@@ -80,14 +95,15 @@ class LaunchedGroup:
             except Exception as exc:
                 self.debug(f"destroy_process_group: {type(exc).__name__}: {exc}")
         self.gen += 1
-        store = dist.PrefixStore(f"pg{self.gen}/", self.store)
-        kwargs = {}
+        base = self._connected(self._base)
+        store = dist.PrefixStore(f"pg{self.gen}/", self._connected(self.store))
+        kwargs: dict[str, Any] = {}
         if self.backend == "nccl":
             torch.cuda.set_device(self.launch.local_rank)
             kwargs["device_id"] = torch.device("cuda", self.launch.local_rank)
         t0 = time.monotonic()
         try:
-            self._base.set_timeout(datetime.timedelta(seconds=max(GROUP_WAIT_MIN, bound)))
+            base.set_timeout(datetime.timedelta(seconds=max(GROUP_WAIT_MIN, bound)))
             dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.world,
                                     timeout=datetime.timedelta(seconds=want), **kwargs)
         except Exception as exc:
@@ -96,7 +112,7 @@ class LaunchedGroup:
                                  f"(generation {self.gen}): {type(exc).__name__}: {exc}") from None
         finally:
             try:
-                self._base.set_timeout(datetime.timedelta(seconds=COLLECT_WAIT))
+                base.set_timeout(datetime.timedelta(seconds=COLLECT_WAIT))
             except Exception:
                 pass
         self.need_group = False
@@ -128,9 +144,10 @@ class LaunchedGroup:
                 self.debug(f"_abort_process_group: {type(exc).__name__}: {exc}")
         if run.running:
             run.interrupt = True
-            if run.user_depth > 0:
+            main = threading.main_thread().ident  # set: the main thread runs
+            if run.user_depth > 0 and main is not None:
                 try:
-                    signal.pthread_kill(threading.main_thread().ident, INTERRUPT_SIGNAL)
+                    signal.pthread_kill(main, INTERRUPT_SIGNAL)
                 except (OSError, ValueError):
                     pass
 
@@ -139,7 +156,7 @@ class LaunchedGroup:
         the session stops after this test on every rank. Leave once rank 0 is done with its report."""
         self.say(f"could not be released from {run.nodeid} within {TIMING.release_wait:g} s after its bound; "
                  "this rank leaves once rank 0 has written its report")
-        store = self.wstore
+        store = self._connected(self.wstore)
         run.leaving()  # the session's end, published now: this rank will not get there
         poll(lambda: store.check([BYE]) or run.finished.is_set(), time.monotonic() + FINISH_WAIT + VERDICT_MARGIN)
         if run.finished.is_set():
@@ -155,27 +172,29 @@ class LaunchedGroup:
     def leave_together(self) -> None:
         """Ranks leave together, rank 0 last: the others wait until rank 0 has written its report
         (the launcher stops every rank when one exits with an error), rank 0 until they have left."""
+        store = self._connected(self.store)
         if self.rank == 0:
             self.set(BYE, "1")
             waiting = set(range(1, self.world))
 
             def everyone_left() -> bool:
-                waiting.difference_update({r for r in waiting if self.store.check([LEFT.format(r)])})
+                waiting.difference_update({r for r in waiting if store.check([LEFT.format(r)])})
                 return not waiting
 
             poll(everyone_left, time.monotonic() + FINISH_WAIT)
         else:
-            poll(lambda: self.store.check([BYE]), time.monotonic() + FINISH_WAIT)
+            poll(lambda: store.check([BYE]), time.monotonic() + FINISH_WAIT)
             self.set(LEFT.format(self.rank), "1")
 
     def wait_done(self, limit: float) -> dict:
         """rank -> the unmarked tests that failed there, for every rank that finished within ``limit``."""
         done: dict[int, list] = {}
+        store = self._connected(self.store)
 
         def all_done() -> bool:
             for r in range(self.world):
-                if r not in done and self.store.check([DONE.format(r)]):
-                    done[r] = json.loads(self.store.get(DONE.format(r)))
+                if r not in done and store.check([DONE.format(r)]):
+                    done[r] = json.loads(store.get(DONE.format(r)))
             return len(done) == self.world
 
         poll(all_done, time.monotonic() + limit)

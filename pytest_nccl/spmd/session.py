@@ -22,7 +22,7 @@ from ..core.messages import Collected, Verdict
 from ..core.reports import RankReport
 from ..errors import NcclUsageError, RankSetupError
 from ..session import item_budget
-from ..settings import parse_marker, place
+from ..settings import MarkerArgs, parse_marker, place
 from .collection import collection_difference
 from .group import LaunchedGroup
 from .launch import Launch
@@ -144,9 +144,9 @@ class SpmdSession:
         raise KeyError(name)
 
     def header(self) -> str:
-        l = self.launch
-        return (f"nccl: SPMD mode: rank {l.rank} of {l.world} launched by {l.launcher}, backend {self.backend} "
-                f"({self.backend_why}), timeout {self.nccl.settings.timeout:g} s, "
+        launch = self.launch
+        return (f"nccl: SPMD mode: rank {launch.rank} of {launch.world} launched by {launch.launcher}, "
+                f"backend {self.backend} ({self.backend_why}), timeout {self.nccl.settings.timeout:g} s, "
                 f"trace {'on' if self.nccl.settings.trace else 'off'}")
 
     def pytest_sessionstart(self, session) -> None:
@@ -162,7 +162,7 @@ class SpmdSession:
         ids = [item.nodeid for item in session.items]
         self.group.set(COLLECT.format(self.rank), Collected(ids, session.testsfailed).to_json())
         self.collected = True
-        lists: dict[int, dict] = {}
+        lists: dict[int, Collected] = {}
         gone: list[int] = []
         waiting = set(range(self.world))
 
@@ -201,7 +201,7 @@ class SpmdSession:
 
     def _runs_here(self, item) -> str | None:
         """Why this test cannot run on the launched group (its world or backend differ), or None."""
-        args = parse_marker(item)
+        args = parse_marker(item) or MarkerArgs()  # asked only for marked items
         if args.world is not None:
             world = args.world
             if world != self.world:
@@ -220,7 +220,7 @@ class SpmdSession:
         if run is not None and run.running and run.nodeid == item.nodeid and call.when in ("setup", "call"):
             if not (call.when == "setup" and rep.passed):
                 # this rank will not run the body (its set-up failed or skipped): it still takes part
-                self._join_without_body(item, rep, call)
+                self._join_without_body(item, rep, run, call)
         return rep
 
     def pytest_runtest_logreport(self, report) -> None:
@@ -355,9 +355,8 @@ class SpmdSession:
         decided = self._end(run, report)
         return apply_verdict(self, item, run, decided, exc)
 
-    def _join_without_body(self, item, rep, call=None) -> None:
+    def _join_without_body(self, item, rep, run: TestRun, call=None) -> None:
         """This rank's set-up failed or skipped (or the body was never called): publish that as its
         report, wait for the verdict like the ranks that run the body, and report it."""
-        run = self.run
         decided = self._end(run, setup_outcome(item, rep, self.rank, call))
         setup_failure_report(self, item, rep, run, decided)

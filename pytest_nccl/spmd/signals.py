@@ -74,7 +74,8 @@ class RankSignals:
             pass
         for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
             try:
-                stream.flush()
+                if stream is not None:  # sys.__stdout__ is None without a console
+                    stream.flush()
             except Exception:
                 pass
         self.session.say(f"the launcher stopped this rank (SIGTERM) {where}")

@@ -86,8 +86,8 @@ def implicit_preference_rows(rank: int, *, ragged: bool = True, **kw) -> dict:
     """Preference rows with the prompt inside each text, ``{"chosen", "rejected"}``: the
     format every RewardTrainer release takes."""
     rows = preference_rows(rank, ragged=ragged, **kw)
-    return {"chosen": [p + c for p, c in zip(rows["prompt"], rows["chosen"])],
-            "rejected": [p + r for p, r in zip(rows["prompt"], rows["rejected"])]}
+    return {"chosen": [p + c for p, c in zip(rows["prompt"], rows["chosen"], strict=True)],
+            "rejected": [p + r for p, r in zip(rows["prompt"], rows["rejected"], strict=True)]}
 
 
 def conversation_prompt_rows(rank: int, *, ragged: bool = True, **kw) -> dict:

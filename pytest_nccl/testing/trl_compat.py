@@ -18,6 +18,7 @@ import dataclasses
 import importlib
 import inspect
 import os
+from typing import Any
 
 from . import hf_offline_env
 
@@ -153,7 +154,7 @@ def make_config(name: str, output_dir, **kwargs):
     fields = config_fields(name)
     args = dict(QUIET_ARGS, use_cpu=on_cpu())
     args.update(kwargs)
-    out = {"output_dir": str(output_dir)}
+    out: dict[str, Any] = {"output_dir": str(output_dir)}
     for key, value in args.items():
         alias = next((a for a in _ALIASES.get(key, ()) if a in fields), None)
         if alias is not None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from . import data
 from . import trl_compat as compat
@@ -172,7 +173,8 @@ def _online_config(spec: TrainerSpec, stressor: str, rank: int, world: int, tok,
     the last rank's under the completion stressors, which never end."""
     last = rank == world - 1
     never_ends = last and stressor in ("all_masked", "all_masked_entropy", "all_truncated")
-    ends = {"suppress_tokens": [tok.eos_token_id]} if never_ends else {"forced_eos_token_id": tok.eos_token_id}
+    ends: dict[str, Any] = ({"suppress_tokens": [tok.eos_token_id]} if never_ends
+                            else {"forced_eos_token_id": tok.eos_token_id})
     if stressor == "all_truncated" and not last:
         ends["max_new_tokens"] = 2
     config = {"max_prompt_length": 16, "max_completion_length": 4, "num_generations": 2, "beta": 0.0,

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+from types import SimpleNamespace
 
 from ..core.diagnosis import Diagnosis
 from ..core.diagnosis.wording import where
-from ..core.sites import short_path, short_site
 from ..core.groups import rank_ranges
 from ..core.records import CollectiveRecord, RankView
+from ..core.sites import short_path, short_site
 from ..core.states import RankState
 
 TABLE_WIDTH = 120
@@ -158,7 +159,8 @@ def format_report(ranks: list[RankView], diagnosis: Diagnosis | None, elapsed: f
         parts.append(f"\n-- traceback of rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))} --")
         parts.append(text.rstrip())
     # identical stacks once too (a stuck world 64 has few distinct ones)
-    stacks = {v.rank: _trim_stack(v.stack) for v in ranks if v.stack and v.status in (RankState.RUNNING, RankState.DEAD)}
+    stacks = {v.rank: _trim_stack(v.stack) for v in ranks
+              if v.stack and v.status in (RankState.RUNNING, RankState.DEAD)}
     for who, text in _folded(stacks):
         parts.append(f"\n-- Python stack of {who} (all threads) --")
         parts.append(text)
@@ -181,9 +183,9 @@ def _without_harness(stack: str) -> str:
     marker = "pytest_nccl" + os.sep + "rank.py"
     kept = []
     for block in _thread_blocks(stack):
-        if any(marker in l and "_reader" in l for l in block):
+        if any(marker in line and "_reader" in line for line in block):
             continue
-        at = next((i for i, l in enumerate(block) if marker in l and "run_call" in l), None)
+        at = next((i for i, line in enumerate(block) if marker in line and "run_call" in line), None)
         if at is None:
             kept.append(block)
         elif "most recent call first" in block[0]:
@@ -250,18 +252,23 @@ def write_trace_dir(directory: str, nodeid: str, text: str, fr_pickles: dict) ->
     return written
 
 
+def _crash_location(path: str, lineno: int, message: str) -> object:
+    """pytest's own crash location (private module): its JUnit and -r summaries read it."""
+    try:
+        from _pytest._code.code import ReprFileLocation
+    except ImportError:
+        return SimpleNamespace(path=path, lineno=lineno, message=message)  # the three fields they read
+    return ReprFileLocation(path=path, lineno=lineno, message=message)
+
+
 class NcclLongRepr:
     """A failure report whose first line is the diagnosis headline (shown by -r summaries and as
     the JUnit failure message) and whose body is the collective trace."""
 
     def __init__(self, headline: str, body: str, path: str, lineno: int):
-        try:  # pytest's own crash location (private module): its JUnit and -r summaries read it
-            from _pytest._code.code import ReprFileLocation
-        except ImportError:
-            from types import SimpleNamespace as ReprFileLocation  # the three fields they read
         self.headline = headline
         self.body = body
-        self.reprcrash = ReprFileLocation(path=path, lineno=lineno, message=headline)
+        self.reprcrash = _crash_location(path, lineno, headline)
         self.sections: list = []
 
     def toterminal(self, tw) -> None:

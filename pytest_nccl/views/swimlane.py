@@ -25,9 +25,9 @@ import json
 
 from ..core.diagnosis import Diagnosis
 from ..core.groups import members_of
-from ..core.sites import short_path
 from ..core.ops import P2P_OPS
 from ..core.records import CollectiveRecord, RankView
+from ..core.sites import short_path
 from ..core.states import RankState
 from .timeline import position_of
 

@@ -22,8 +22,8 @@ import json
 import platform
 
 from ..core.diagnosis import Diagnosis
-from ..core.sites import short_path
 from ..core.records import CollectiveRecord, RankView
+from ..core.sites import short_path
 from ..core.states import RankState
 
 US = 1_000_000
@@ -135,15 +135,16 @@ def trace_events(nodeid: str, ranks: list[RankView], diagnosis: Diagnosis | None
                 stop = start + (rec.duration or 0.0)
             else:
                 stop = max(start, end)
+            args = make_args(rec)
             ev = {"ph": "X", "name": slice_name(rec), "cat": CATEGORY if rec.source == "python" else rec.source,
                   "pid": pid, "tid": tid, "ts": _us(start), "dur": round(max(0.0, stop - start) * US, 3),
-                  "args": make_args(rec)}
+                  "args": args}
             if rec.state != "completed":
-                ev["args"]["ends"] = "verdict" if end == elapsed else f"rank {view.status}"
+                args["ends"] = "verdict" if end == elapsed else f"rank {view.status}"
             if position is not None and (rec.pg, rec.seq) == position:
-                ev["args"]["diverging"] = True
+                args["diverging"] = True
                 if kind:
-                    ev["args"]["diagnosis"] = kind
+                    args["diagnosis"] = kind
                 marked.append((view.rank, ev))
             events.append(ev)
         if view.status != RankState.RUNNING and view.finished_at is not None:
@@ -157,13 +158,13 @@ def trace_events(nodeid: str, ranks: list[RankView], diagnosis: Diagnosis | None
 
     if position is not None:
         pg, seq = position
-        for rank, ev in marked:
+        for _, ev in marked:
             events.append({"ph": "i", "s": "t", "name": f"diverges here: {ev['name']}", "cat": "diagnosis",
                            "pid": ev["pid"], "tid": ev["tid"], "ts": ev["ts"],
                            "args": {"diverging": True, "kind": kind, "group": pg, "seq": seq}})
         marked.sort(key=lambda item: item[1]["ts"])
         if len(marked) > 1:
-            for i, (rank, ev) in enumerate(marked):
+            for i, (_, ev) in enumerate(marked):
                 ph = "s" if i == 0 else "f" if i == len(marked) - 1 else "t"
                 flow = {"ph": ph, "id": 1, "name": "divergence", "cat": "diagnosis", "pid": ev["pid"],
                         "tid": ev["tid"], "ts": ev["ts"]}

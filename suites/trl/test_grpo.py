@@ -15,9 +15,12 @@ the random tiny model samples. Any world size (rank 1 at world 2, as in the stac
 import pytest
 
 from pytest_nccl.testing import trl_compat as compat  # first: offline HF environment
+
+# isort: split
+from datasets import Dataset
+
 from pytest_nccl.testing import data, tiny_causal_lm, tiny_tokenizer
 from pytest_nccl.testing.trl_matrix import reward_len
-from datasets import Dataset
 
 # Trainer modules load lazily (seconds): pay that once, in the plugin's fork server.
 compat.preload("grpo")

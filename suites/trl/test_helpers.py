@@ -4,6 +4,8 @@ device a trainer gets on a rank."""
 import pytest
 
 from pytest_nccl.testing import trl_compat as compat  # first: offline HF environment
+
+# isort: split
 from pytest_nccl.testing import data, tiny_causal_lm, tiny_tokenizer
 
 
@@ -32,7 +34,7 @@ def test_models_are_tiny_seeded_and_match_the_tokenizer():
     tok = tiny_tokenizer()
     for kind in ("llama", "qwen2"):
         a, b = tiny_causal_lm(kind, tokenizer=tok), tiny_causal_lm(kind, tokenizer=tok)
-        assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+        assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
         assert sum(p.numel() for p in a.parameters()) < 50_000
         assert a.config.vocab_size == len(tok) and a.config.pad_token_id == tok.pad_token_id
         out = a(**tok(["ab", "abcd"], padding=True, return_tensors="pt"))
@@ -70,7 +72,7 @@ def test_data_bands():
     assert len(data.lengths(1)) > len(data.lengths(0))
     assert set(data.lengths(0, ragged=False)) == set(data.lengths(1, ragged=False)) == {8}
     rows = data.preference_rows(1)
-    assert all(len(c) == n for c, n in zip(rows["chosen"], data.lengths(1)))
+    assert all(len(c) == n for c, n in zip(rows["chosen"], data.lengths(1), strict=True))
 
 
 def test_matrix_cells_are_generated_from_the_trainer_table():
@@ -114,6 +116,7 @@ def test_matrix_cells_run_or_say_why_not_on_this_trl():
 def test_matrix_page_describes_every_stressor_as_the_code_does():
     """MATRIX.md's legend (notes.toml's about) must not drift from what the cells do."""
     import pathlib
+
     import tomllib
 
     from pytest_nccl.testing import trl_matrix as matrix
@@ -155,9 +158,9 @@ def test_matrix_page_is_what_its_results_and_notes_give():
     and every row of the results is a cell the suite has now (no stale rows after a rename)."""
     import pathlib
 
-    from pytest_nccl.bisect.matrix.results import Results
     from pytest_nccl.bisect.matrix.findings import parse_about, parse_notes
     from pytest_nccl.bisect.matrix.render import render
+    from pytest_nccl.bisect.matrix.results import Results
     from pytest_nccl.testing import trl_matrix as matrix
 
     here = pathlib.Path(__file__).parent

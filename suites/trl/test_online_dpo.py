@@ -13,9 +13,12 @@ earlier, 0.17.0 and later.
 import pytest
 
 from pytest_nccl.testing import trl_compat as compat  # first: offline HF environment
+
+# isort: split
+from datasets import Dataset
+
 from pytest_nccl.testing import data, tiny_causal_lm, tiny_tokenizer
 from pytest_nccl.testing.trl_matrix import reward_kwargs
-from datasets import Dataset
 
 # Trainer modules load lazily (seconds): pay that once, in the plugin's fork server.
 compat.preload("online_dpo", missing_ok=True)

@@ -10,8 +10,11 @@ ranks entered one all_gather with different shapes (NCCL hangs; gloo aborts).  I
 import pytest
 
 from pytest_nccl.testing import trl_compat as compat  # first: offline HF environment
-from pytest_nccl.testing import data, tiny_causal_lm, tiny_tokenizer
+
+# isort: split
 from datasets import Dataset
+
+from pytest_nccl.testing import data, tiny_causal_lm, tiny_tokenizer
 
 # Trainer modules load lazily (seconds): pay that once, in the plugin's fork server.
 compat.preload("cpo", "orpo")

@@ -9,8 +9,11 @@ fixed by #2890 (0.15.1).  Good: 0.14.0, 0.15.1 and later.
 import pytest
 
 from pytest_nccl.testing import trl_compat as compat  # first: offline HF environment
-from pytest_nccl.testing import data, tiny_causal_lm, tiny_tokenizer
+
+# isort: split
 from datasets import Dataset
+
+from pytest_nccl.testing import data, tiny_causal_lm, tiny_tokenizer
 
 # Trainer modules load lazily (seconds): pay that once, in the plugin's fork server.
 compat.preload("sft")

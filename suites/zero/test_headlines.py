@@ -2,7 +2,6 @@
 headline names, so a check can ask for "rank 3" or "ranks 0,1,2" at any world size."""
 
 import pytest
-
 from headlines import describe, named_rank_sets, names_ranks, parse_rank_list
 
 LEFT = ("rank 3 left the test (passed) after 12 collectives in group default; ranks 0,1,2 wait in "

@@ -21,10 +21,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-
-import pytest_nccl
 from headlines import names_ranks
 from zero_helpers import clean_state, deepspeed_engine, ds_config, fsdp2_shard, tiny_mlp
+
+import pytest_nccl
 
 STEPS = 2
 
@@ -107,5 +107,5 @@ def test_fsdp2_skipped_step_does_not_hang(rank, world_size):
             continue
         opt.step()
         opt.zero_grad()
-    moved = any(not torch.equal(b, p.to_local()) for b, p in zip(before, model.parameters()))
+    moved = any(not torch.equal(b, p.to_local()) for b, p in zip(before, model.parameters(), strict=True))
     assert moved == (rank != skipping_rank(world_size))

@@ -19,9 +19,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from zero_helpers import all_gather_op, clean_state, deepspeed_engine, ds_config, fsdp2_shard, tiny_lm
 
 import pytest_nccl
-from zero_helpers import all_gather_op, clean_state, deepspeed_engine, ds_config, fsdp2_shard, tiny_lm
 
 MAX_LENGTH = 10
 SHORT, LONG = "ab", "abcdef"  # 8 decoding steps, 4

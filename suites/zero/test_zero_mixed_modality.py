@@ -19,9 +19,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from zero_helpers import ENGINES, TinyVLM, all_gather_op, clean_state, deepspeed_engine, ds_config, fsdp2_shard
 
 import pytest_nccl
-from zero_helpers import ENGINES, TinyVLM, all_gather_op, clean_state, deepspeed_engine, ds_config, fsdp2_shard
 
 STEPS = 2
 

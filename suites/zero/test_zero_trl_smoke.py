@@ -22,8 +22,11 @@ if HAVE_TRL:
     import datasets  # noqa: F401  (imported here so the fork server preloads them for every rank)
     import trl  # noqa: F401
 
-from pytest_nccl.testing import trl_compat
-from zero_helpers import clean_state, reset_hf_state, tiny_causal_lm, tiny_tokenizer
+# trl_compat first: its environment (offline Hub, TRL's silence) before zero_helpers imports transformers
+from pytest_nccl.testing import trl_compat  # noqa: E402
+
+# isort: split
+from zero_helpers import clean_state, reset_hf_state, tiny_causal_lm, tiny_tokenizer  # noqa: E402
 
 STEPS = 3
 

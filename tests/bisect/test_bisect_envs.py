@@ -217,10 +217,10 @@ def test_copy_dist_info(tmp_path, fake_torch):
 UV_FAIL = """Using Python 3.11.7 environment at: env
   × No solution found when resolving dependencies:
   ╰─▶ Because only setuptools<=75.6.0 is available and torch>=2.13.0+cpu depends on setuptools>=77.0.3, we can conclude that torch>=2.13.0+cpu cannot be used.
-"""
+"""  # noqa: E501  (uv's output, verbatim)
 UV_FAIL_OLD = """error: No solution found when resolving dependencies
   cause: Because trl==0.15.1 depends on torch<2 and you require torch==2.13.0+cpu, we can conclude that your requirements are unsatisfiable.
-"""
+"""  # noqa: E501  (uv's output, verbatim)
 PIP_FAIL = """Collecting trl==9.9
 ERROR: Could not find a version that satisfies the requirement trl==9.9 (from versions: 0.1.0)
 ERROR: No matching distribution found for trl==9.9

@@ -67,7 +67,8 @@ def test_failure_from_report_duck_types_pytest_reports():
                           longrepr=SimpleNamespace(reprcrash=SimpleNamespace(message="RuntimeError: boom\nmore")))
     f = failure_from_report(rep)
     assert f == Failure("t.py::a", "call", "RuntimeError: boom", infra=True, kind=None)
-    coll = SimpleNamespace(nodeid="t.py", longrepr="ImportError while importing test module\nE   ModuleNotFoundError: x")
+    coll = SimpleNamespace(nodeid="t.py",
+                           longrepr="ImportError while importing test module\nE   ModuleNotFoundError: x")
     f = failure_from_report(coll)
     assert f.when == "collect" and f.crash == "ModuleNotFoundError: x" and is_infrastructure(f)
     kind = SimpleNamespace(nodeid="n", when="setup", longrepr=None,

@@ -24,15 +24,15 @@ failures="2" tests="3"><testcase classname="suites.trl.test_cpo" name="test_ok" 
 <property name="nccl_diagnosis" value="shape mismatch in all_gather #3 of group default: rank 0 [2, 7, 32], rank 1 [2, 5, 32] (call site trl/trainer/cpo_trainer.py:512)" />
 </properties><failure message="pytest_nccl.errors.CollectiveMismatch: shape mismatch in all_gather #3&#10;trace...">long</failure></testcase>
 <testcase classname="suites.trl.test_cpo" name="test_second" time="1.0"><failure message="AssertionError: x">t</failure></testcase>
-</testsuite></testsuites>"""
+</testsuite></testsuites>"""  # noqa: E501  (pytest's JUnit XML, verbatim)
 
 JUNIT_COLLECT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="1">
 <testcase classname="" name="suites.trl.test_cpo" time="0.000"><error message="collection failure">ImportError while importing test module '/x/test_cpo.py'.
 Traceback:
-E   ModuleNotFoundError: No module named 'trl.trainer.cpo_config'</error></testcase></testsuite></testsuites>"""
+E   ModuleNotFoundError: No module named 'trl.trainer.cpo_config'</error></testcase></testsuite></testsuites>"""  # noqa: E501  (pytest's JUnit XML, verbatim)
 
 JUNIT_INFRA = """<testsuites><testsuite><testcase classname="t" name="a"><properties><property name="nccl_infra" value="true"/></properties>
-<failure message="pytest_nccl.errors.RankSetupError: rank 1 could not start">x</failure></testcase></testsuite></testsuites>"""
+<failure message="pytest_nccl.errors.RankSetupError: rank 1 could not start">x</failure></testcase></testsuite></testsuites>"""  # noqa: E501  (pytest's JUnit XML, verbatim)
 
 
 def test_parse_junit_headline_from_property_then_message():
@@ -66,7 +66,8 @@ def test_verdicts():
     assert verdict_from_run(3, [])[0] is Verdict.SKIP
     assert verdict_from_run(None, [], timed_out=True, timeout=60) == (Verdict.SKIP, "pytest did not finish within 60s")
     # a rank that failed to import trl is not a verdict on trl's behaviour...
-    imp = [CaseResult("t::a", "failed", "pytest_nccl.errors.RankRaised: rank 0: ModuleNotFoundError: No module named 'trl'")]
+    imp = [CaseResult("t::a", "failed",
+                      "pytest_nccl.errors.RankRaised: rank 0: ModuleNotFoundError: No module named 'trl'")]
     assert verdict_from_run(1, imp)[0] is Verdict.SKIP
     # ...but a hang is, whatever its text mentions
     hang = [CaseResult("t::a", "failed", "CollectiveTimeout: ranks stuck after ImportError fallback")]
@@ -101,21 +102,21 @@ def tiny_suite(tmp_path):
 
 def test_run_pytest_real_subprocess(tmp_path, tiny_suite, monkeypatch):
     monkeypatch.delenv("TINY_FAIL", raising=False)
-    out = run_pytest(Path(sys.executable), [str(tiny_suite), "-q", "-p", "no:nccl"], log=tmp_path / "p.log", timeout=120,
-                     cwd=tiny_suite)
+    out = run_pytest(Path(sys.executable), [str(tiny_suite), "-q", "-p", "no:nccl"], log=tmp_path / "p.log",
+                     timeout=120, cwd=tiny_suite)
     assert out.exit_code == 0 and out.verdict is Verdict.GOOD, (tmp_path / "p.log").read_text()
     assert len(out.cases) == 3 and out.seconds > 0
     monkeypatch.setenv("TINY_FAIL", "1")
-    out = run_pytest(Path(sys.executable), [str(tiny_suite), "-q", "-p", "no:nccl"], log=tmp_path / "p.log", timeout=120,
-                     cwd=tiny_suite)
+    out = run_pytest(Path(sys.executable), [str(tiny_suite), "-q", "-p", "no:nccl"], log=tmp_path / "p.log",
+                     timeout=120, cwd=tiny_suite)
     assert out.verdict is Verdict.BAD and out.headline.startswith("AssertionError: tiny failure headline")
     assert "[exit 1]" in (tmp_path / "p.log").read_text()
 
 
 def test_run_pytest_timeout_kills_and_skips(tmp_path, tiny_suite, monkeypatch):
     monkeypatch.setenv("TINY_HANG", "1")
-    out = run_pytest(Path(sys.executable), [str(tiny_suite), "-q", "-k", "hang", "-p", "no:nccl"], log=tmp_path / "p.log",
-                     timeout=3, cwd=tiny_suite)
+    out = run_pytest(Path(sys.executable), [str(tiny_suite), "-q", "-k", "hang", "-p", "no:nccl"],
+                     log=tmp_path / "p.log", timeout=3, cwd=tiny_suite)
     assert out.timed_out and out.verdict is Verdict.SKIP and out.seconds < 30
 
 

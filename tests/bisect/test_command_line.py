@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from fakes import FakeBuilder
 
 from pytest_nccl import __version__
 from pytest_nccl.__main__ import main, program_name
@@ -17,8 +18,6 @@ from pytest_nccl.bisect.matrix import cli as matrix_cli
 from pytest_nccl.bisect.runner import RunOutcome
 from pytest_nccl.bisect.search import Verdict
 from pytest_nccl.bisect.versions import StaticIndex
-
-from fakes import FakeBuilder
 
 BISECT = ["bisect", "trl", "--good", "0.13.0", "--bad", "0.14.0", "--", "suites/trl"]
 

@@ -8,12 +8,20 @@ import pytest
 from fakes import FakeBuilder
 
 from pytest_nccl.__main__ import main as dunder_main
-from pytest_nccl.bisect.matrix import cli as matrix_cli
 from pytest_nccl.bisect.envs import BaseInfo, EnvCache
-from pytest_nccl.bisect.matrix.results import (Results, ResultsError, Run, TestRecord, cell, latest_patches, row_labels,
-                                       skip_reason)
+from pytest_nccl.bisect.matrix import cli as matrix_cli
 from pytest_nccl.bisect.matrix.findings import findings, red_ranges
 from pytest_nccl.bisect.matrix.render import render
+from pytest_nccl.bisect.matrix.results import (
+    Results,
+    ResultsError,
+    Run,
+    TestRecord,
+    cell,
+    latest_patches,
+    row_labels,
+    skip_reason,
+)
 from pytest_nccl.bisect.runner import CaseResult, RunOutcome
 from pytest_nccl.bisect.search import Verdict
 from pytest_nccl.bisect.versions import StaticIndex
@@ -133,7 +141,7 @@ def test_findings_ranges_first_bad_fixed_and_newest():
     vs = ["0.14.0", "0.15.0", "0.15.1", "0.16.0", "0.17.0", "0.18.0"]
     sft = ["passed", ("failed", "old bug"), "passed", ("failed", "x"), "skipped", ("failed", H)]
     dpo = [("failed", "since ever"), ("failed", "since ever"), "passed", "passed", "passed", "passed"]
-    r = results_of(*[run_of(v, 2, sft=s, dpo=d) for v, s, d in zip(vs, sft, dpo)], worlds=(2,))
+    r = results_of(*[run_of(v, 2, sft=s, dpo=d) for v, s, d in zip(vs, sft, dpo, strict=True)], worlds=(2,))
     f_sft, f_dpo = findings(r)  # red on the newest comes first
     assert f_sft.label == "sft \u00b7 ragged" and f_sft.range_text() == "0.15.0, 0.16.0\u20130.18.0"
     assert f_sft.first_bad == ["0.15.0", "0.16.0"] and f_sft.fixed == ["0.15.1"]
@@ -145,7 +153,8 @@ def test_findings_ranges_first_bad_fixed_and_newest():
 
 def test_first_bad_names_untested_releases_before_it():
     vs = ["1", "2", "3"]
-    r = results_of(*[run_of(v, 2, sft=s) for v, s in zip(vs, ["passed", "skipped", ("failed", "x")])], worlds=(2,))
+    outcomes = ["passed", "skipped", ("failed", "x")]
+    r = results_of(*[run_of(v, 2, sft=s) for v, s in zip(vs, outcomes, strict=True)], worlds=(2,))
     assert findings(r)[0].first_bad == ["3 (2 untested)"]
 
 
@@ -316,9 +325,11 @@ def test_cli_one_run_writes_json_and_markdown(tmp_path):
     assert doc["runs"]["0.15.0"]["4"]["packages"]["trl"] == "0.15.0" and doc["torch"] == "2.13.0+cpu"
     assert doc["command"].startswith("pytest-nccl matrix trl --from 0.14.0 --to 0.16.0")
     md = (tmp_path / "M.md").read_text()
-    assert "| sft \u00b7 ragged | pass | w2 pass; w4: \u274c shape mismatch: all_gather | w2 pass; w4: \u274c shape" in md
+    assert ("| sft \u00b7 ragged | pass | w2 pass; w4: \u274c shape mismatch: all_gather "
+            "| w2 pass; w4: \u274c shape") in md
     assert "| dpo \u00b7 even\u00b9 | w2 pass; w4 skip |" in md
-    assert "- **sft \u00b7 ragged**: red on 0.15.0\u20130.15.1; first bad 0.15.0; fixed in 0.16.0; newest 0.16.0: pass" in md
+    assert ("- **sft \u00b7 ragged**: red on 0.15.0\u20130.15.1; first bad 0.15.0; fixed in 0.16.0; "
+            "newest 0.16.0: pass") in md
 
 
 def test_cli_second_run_runs_nothing_and_rerun_runs_again(tmp_path):
@@ -475,8 +486,8 @@ new = true
 
 
 def test_notes_parse_match_and_refuse_bad_input():
-    from pytest_nccl.bisect.matrix.results import ResultsError
     from pytest_nccl.bisect.matrix.findings import note_for, parse_notes
+    from pytest_nccl.bisect.matrix.results import ResultsError
 
     notes = parse_notes(NOTES)
     assert note_for("cpo \u00b7 eval_uneven", notes).text.startswith("trl#3068")

@@ -5,6 +5,7 @@ lease GPUs without overlap.
 Skipped without CUDA; run on every GPU host you get: ``pytest tests/gpu -v``. The TRL check needs
 trl and datasets installed."""
 
+import itertools
 import os
 import re
 import subprocess
@@ -154,7 +155,7 @@ def test_xdist_workers_never_share_a_gpu(run_inner, pytester, monkeypatch):
         spans.setdefault(dev, []).append((float(start), float(end)))
     for dev, intervals in spans.items():
         intervals.sort()
-        for (s1, e1), (s2, e2) in zip(intervals, intervals[1:]):
+        for (_, e1), (s2, _) in itertools.pairwise(intervals):
             assert s2 >= e1, f"two groups used GPU {dev} at once: {intervals}"
 
 

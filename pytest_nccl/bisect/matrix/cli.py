@@ -36,14 +36,14 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from .. import cli as bisect_cli
-from .results import KEY_PACKAGES, Results, ResultsError, Run, TestRecord, latest_patches
-from .findings import parse_about, parse_notes
-from .render import render
 from ..heartbeat import Heartbeat
-from ..progress import fmt_seconds
 from ..prober import ProbeConfig, make_request
+from ..progress import fmt_seconds
 from ..runner import RunOutcome, run_pytest
 from ..versions import IndexError_, Release, parse_version_list, select_range
+from .findings import parse_about, parse_notes
+from .render import render
+from .results import KEY_PACKAGES, Results, ResultsError, Run, TestRecord, latest_patches
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -148,8 +148,8 @@ def check_args(parser: argparse.ArgumentParser, ns: argparse.Namespace, pytest_a
 
 def list_releases(ns, out: TextIO) -> list[Release]:
     if ns.version_list:
-        rels = {Version(r.version): r for r in bisect_cli.given_releases(ns, ns.version_list, out)}
-        rels = [rels[k] for k in sorted(rels)]
+        given = {Version(r.version): r for r in bisect_cli.given_releases(ns, ns.version_list, out)}
+        rels = [given[k] for k in sorted(given)]
     else:
         rels = select_range(bisect_cli._index(ns).releases(ns.package), ns.from_, ns.to,
                             pre=ns.pre, yanked=ns.include_yanked)

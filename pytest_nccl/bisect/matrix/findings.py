@@ -15,7 +15,6 @@ from packaging.version import InvalidVersion
 from .. import tomlcompat
 from .results import DASH, Results, ResultsError, cell, row_labels, short_headline
 
-
 # --------------------------------------------------------------------------- findings
 
 

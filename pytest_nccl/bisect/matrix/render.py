@@ -6,9 +6,20 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Sequence
 
-from .results import (KEY_PACKAGES, MARK, NO_ENV, NOT_RUN, RED_MARK, Results, cell, md_escape, row_labels, shorten,
-                     skip_reason)
 from .findings import FindingGroup, Note, findings, group_findings
+from .results import (
+    KEY_PACKAGES,
+    MARK,
+    NO_ENV,
+    NOT_RUN,
+    RED_MARK,
+    Results,
+    cell,
+    md_escape,
+    row_labels,
+    shorten,
+    skip_reason,
+)
 
 _SUP = str.maketrans("0123456789", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079")
 _STATUS_WORD = {"red": "red", "green": "pass", "skip": "skip", "none": "not run", "noenv": "cannot install"}
@@ -66,7 +77,8 @@ def render_matrix(results: Results, labels: Mapping[str, str]) -> list[str]:
         if reason:
             noenv.setdefault(reason, []).append(v)
     header = ["test"] + [v + (f" {MARK}" if _env_reason(results, v) else "") for v in results.versions]
-    rows, notes, reasons = [], [], {}
+    rows, notes = [], []
+    reasons: dict[str, int] = {}  # skip reason -> its footnote mark
     for n in results.nodeids():
         text = md_escape(labels.get(n, n))
         why = skip_reason(results, n)

@@ -219,7 +219,7 @@ def latest_patches(versions: Sequence[str], keep: Iterable[str] = ()) -> list[st
     newest: dict[tuple[int, int], Version] = {}
     for v in versions:
         pv = Version(v)
-        series = (pv.release + (0,))[:2]
+        series = (pv.major, pv.minor)
         if series not in newest or pv > newest[series]:
             newest[series] = pv
     chosen = set(newest.values()) | keep_v
@@ -367,7 +367,7 @@ def cell(results: Results, nodeid: str, version: str, worlds: Sequence[int] | No
     status = "green" if {"pass", "xfail"} & set(words) else ("skip" if "skip" in words else "none")
     if len(set(words)) <= 1:
         return Cell(status, words[0] if words else NOT_RUN)
-    return Cell(status, "; ".join(f"w{w} {word}" for (w, _, _), word in zip(got, words)))
+    return Cell(status, "; ".join(f"w{w} {word}" for (w, _, _), word in zip(got, words, strict=True)))
 
 
 def skip_reason(results: Results, nodeid: str) -> str | None:

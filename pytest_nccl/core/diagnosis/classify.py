@@ -18,7 +18,7 @@ Headlines group ranks that share a view ("ranks 0-14 all_reduce, rank 15 barrier
 from __future__ import annotations
 
 from ..agreement import split_disagreement
-from ..records import RankView
+from ..records import CollectiveRecord, RankView
 from ..sites import headline_site, rendezvous_at, stack_top
 from ..states import Kind, RankState, Reason
 from ..waits import stuck_ranks
@@ -65,15 +65,16 @@ def diagnose(ranks: list[RankView], reason: Reason, bound: float) -> Diagnosis |
         return _absent(div, views, reason, bound)
     if running:
         inside = [v for v in running if v.current is not None]
-        if inside and len(inside) == len(running) and len({(v.current.pg, v.current.seq) for v in inside}) == 1:
-            rec = inside[0].current
+        at = [rec for rec in (v.current for v in inside) if rec is not None]  # their records, in that order
+        if inside and len(inside) == len(running) and len({(rec.pg, rec.seq) for rec in at}) == 1:
+            rec = at[0]
             every = "every rank is" if len(running) == len(ranks) else f"{rank_list([v.rank for v in running])} are"
             return Diagnosis(Kind.HANG, f"{every} inside {where(rec)} and none completed within the "
                              f"{seconds(bound)} s bound (a transport or peer problem: all ranks entered it)",
                              [v.rank for v in running], rec.pg, rec.seq)
         busy = [v for v in running if v.current is None]
         if busy and inside:
-            return _slow(busy, inside, bound)
+            return _slow(busy, inside, at[0], bound)
         tops = grouped({v.rank: "at " + (stack_top(v.stack) or "unknown") for v in running}, 2)
         return Diagnosis(Kind.TIMEOUT, f"the test exceeded its {seconds(bound)} s bound outside any collective "
                          f"({tops})", [v.rank for v in running])
@@ -191,8 +192,8 @@ def _absent(div: Divergence, views: dict, reason: Reason, bound: float) -> Diagn
     return Diagnosis(kind, headline, [first.rank], div.pg, div.seq, div)
 
 
-def _slow(busy: list[RankView], inside: list[RankView], bound: float) -> Diagnosis:
-    rec = inside[0].current
+def _slow(busy: list[RankView], inside: list[RankView], rec: CollectiveRecord, bound: float) -> Diagnosis:
+    """``rec``: the record the first of ``inside`` waits in."""
     tops = grouped({v.rank: "at " + (stack_top(v.stack) or "unknown") for v in busy}, 2)
     return Diagnosis(Kind.SLOW_RANK, f"slow rank: {rank_list([v.rank for v in busy])} busy outside any "
                      f"collective ({tops}); {rank_list([v.rank for v in inside])} waited for the whole "

@@ -13,6 +13,7 @@ from .divergence import pg_order
 from .findings import Diagnosis
 from .wording import HEADLINE_WIDTH, few, rank_list, where
 
+
 def deadlock_diagnosis(stuck: dict, views: dict) -> Diagnosis:
     if any(cur.p2p for cur, _ in stuck.values()):
         return _p2p_deadlock(stuck, views)
@@ -55,8 +56,8 @@ def _p2p_deadlock(stuck: dict, views: dict) -> Diagnosis:
     more = f"; and {len(shown) - 2} more ranks" if len(shown) > 2 else ""
     if len(shown) > 2 and len(title) + len("; ".join(parts) + more) + 2 >= HEADLINE_WIDTH:
         parts, more = parts[:1], f"; and {len(shown) - 1} more ranks in transfers that cannot pair"
-    return Diagnosis(Kind.P2P_MISMATCH, f"{title}: " + "; ".join(parts) + more, sorted({u[0] for u in shown[:len(parts)]}),
-                     shown[0][1].pg, shown[0][1].seq)
+    return Diagnosis(Kind.P2P_MISMATCH, f"{title}: " + "; ".join(parts) + more,
+                     sorted({u[0] for u in shown[:len(parts)]}), shown[0][1].pg, shown[0][1].seq)
 
 
 def _issue_key(rec: CollectiveRecord) -> tuple:
@@ -81,7 +82,7 @@ def _cross_group(stuck: dict, views: dict) -> Diagnosis:
     culprits = []   # (skipped position, position it waits at, the rank, witnesses)
     for (qpg, qseq), present in sorted(positions.items(), key=lambda kv: (pg_order(kv[0][0]), kv[0][1])):
         q = views[present[0]].current
-        for r, (cur, needs) in stuck.items():
+        for r, (cur, _) in stuck.items():
             if r in present or r not in members_of(qpg, len(views)) or len(views[r].records_in(qpg)) >= qseq:
                 continue
             before = after = 0
@@ -107,8 +108,8 @@ def _cross_group(stuck: dict, views: dict) -> Diagnosis:
         if len(headline) >= HEADLINE_WIDTH:  # the skipped call's site matters most
             headline = f"{rank_list(who)} skipped {where(q)} and {verb} in {p.op} #{p.seq} of group {p.pg}{rest}"
         return Diagnosis(Kind.DEADLOCK, headline, who, q.pg, q.seq)
-    parts = []
-    for (pg, seq), present in sorted(positions.items(), key=lambda kv: min(kv[1])):
+    parts: list[str] = []
+    for _, present in sorted(positions.items(), key=lambda kv: min(kv[1])):
         cur, needs = stuck[present[0]]
         verb = "waits" if not parts and len(present) == 1 else "wait" if not parts else ""
         parts.append(f"{rank_list(present)}{' ' + verb if verb else ''} in {where(cur)} without "

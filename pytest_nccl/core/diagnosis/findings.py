@@ -16,7 +16,7 @@ class Divergence:
     seq: int                                  # 1-based position in the group where they part
     records: dict[int, CollectiveRecord]      # member rank -> its record at seq (if it has one)
     absent: list[int]                         # members with no record at seq
-    kind: str                                 # one of MISMATCH_KINDS, or Kind.RANK_LEFT (members absent)
+    kind: Kind                                # one of MISMATCH_KINDS, or Kind.RANK_LEFT (members absent)
 
 
 @dataclass
