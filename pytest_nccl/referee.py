@@ -35,7 +35,7 @@ import enum
 from dataclasses import dataclass
 from typing import Protocol
 
-from .diagnose import MISMATCH_KINDS, Diagnosis, diagnose, digests_agree, first_divergence
+from .diagnose import DIED, MISMATCH_KINDS, RAISED, Diagnosis, diagnose, digests_agree, first_divergence
 from .records import P2PIndex, RankState, RankView, members_of, stuck_ranks
 
 
@@ -280,3 +280,12 @@ def verdict(views: list[RankView], reason: Reason, bound: float) -> Diagnosis:
         diag = Diagnosis("rank-raised", "the ranks disagree on the outcome: "
                          + ", ".join(f"rank {v.rank} {v.status}" for v in views))
     return diag
+
+
+def launcher_restarts(diag: Diagnosis) -> bool:
+    """A verdict that a launcher which restarts failed workers (torchrun ``--max-restarts``) acts on
+    by itself: a rank raised or died, so its process exits and the launcher starts the next attempt.
+    A hang or a desync (ranks that wait, disagree, or a rank that exited normally while others wait)
+    it never sees: the transport ends the job."""
+    return diag.kind in (RAISED, DIED)
+
