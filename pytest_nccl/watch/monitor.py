@@ -369,8 +369,11 @@ class Monitor:
         return Finding(reason, views, diagnosis, now - self.t0, backend, dict(self.base),
                        {r: dict(f.count) for r, f in self.ranks.items()}, fr_pickles)
 
-    def after_exit(self, now: float) -> Finding | None:
-        """The job ended on its own: what the journals say, when the ranks did not all pass."""
+    def after_exit(self, now: float, launcher_ok: bool = False) -> Finding | None:
+        """The job ended on its own: what the journals say, when the ranks did not all pass.
+        ``launcher_ok``: the launcher reported success; a rank that vanished without an exit record
+        and without a fatal signal was ended by it with the job (Ray ends its actors so, and a
+        script may end with ``os._exit(0)``), not a rank that died."""
         if self.referee is None:
             return None
         for f in self.ranks.values():
@@ -380,6 +383,9 @@ class Monitor:
             if f.state is None:  # on another host, or it outlived the launcher
                 f.state = RankState.DEAD
                 self.referee.finished(f.rank, f.state, now)
+            if (launcher_ok and f.state == RankState.DEAD and f.exit.get("status") != "failed"
+                    and f.exit_code is None and not _read_text(jobdir.fatal(self.dir, f.rank))):
+                f.state = RankState.PASSED
         finding = self.conclude(Reason.COMPLETED, now)
         return finding if finding.diagnosis is not None else None
 
