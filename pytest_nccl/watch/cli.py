@@ -32,19 +32,9 @@ from ..records import headline_site
 from ..referee import Reason
 from . import control, jobdir, present
 from .monitor import Monitor
-from .outcome import (  # noqa: F401  (the statuses, named where they were)
-    EXIT_DIAGNOSED,
-    EXIT_DIAGNOSED_KEPT,
-    Action,
-    Attempt,
-    Joining,
-    attempt_of,
-    exit_status,
-    no_rank_line,
-    on_verdict,
-    peers_line,
-    waited_for_peers,
-)
+from .outcome import EXIT_DIAGNOSED, EXIT_DIAGNOSED_KEPT  # noqa: F401  (the statuses, named where they were)
+from .outcome import (Action, Attempt, Joining, Waits, attempt_of, exit_status, no_rank_line, on_verdict,
+                      peers_line, waited_for_peers)
 
 EXIT_USAGE = 2
 EXIT_CANNOT_EXECUTE = 126
@@ -300,8 +290,9 @@ class Watch:
                 if jobdir.process_start(pid) != info.get("start"):
                     continue  # gone
                 seen = self.joining.get(pid)
+                waits = Waits.RENDEZVOUS if info.get("what") == Waits.RENDEZVOUS.value else Waits.INIT
                 present[pid] = seen or Joining(pid, now, info.get("rank"), info.get("world"),
-                                               headline_site(info.get("site") or ""))
+                                               headline_site(info.get("site") or ""), waits)
         self.joining = present
         waiting = waited_for_peers(list(present.values()), len(self.monitor.ranks), now, self.args.timeout)
         if waiting:

@@ -8,7 +8,8 @@ torch (``startup/sitecustomize.py`` calls ``after_torch``). Imports only the ran
   launcher, a data loader worker or a Ray worker as much as a rank; it is idle until it creates a
   default process group.
 - the wrapper notes the process as joining (``joining-<pid>.json``: where, and the rank and world
-  when the arguments or the environment say), calls the real ``init_process_group`` unchanged, and
+  when the arguments or the environment say; torchrun's agent, waiting for the other nodes in its
+  rendezvous, is noted so too), calls the real ``init_process_group`` unchanged, and
   once the default group exists the process is a rank, whatever gave it its rank and world
   (environment, arguments, an ``init_method`` URL, a store): it starts the journal, starts the agent
   thread (``agent.py``), writes ``rank-R.json``, enables faulthandler into ``fatal-R.txt`` (unless
@@ -55,9 +56,90 @@ def after_torch() -> None:
         _wrap_sys_exit()
         tracer.install()
         _wrap_init_process_group()
+        _when_imported(ELASTIC_AGENT, _wrap_rendezvous)
         jobdir.touch(jobdir.torch_marker(base, os.getpid()))
     except Exception as exc:
         _warn(f"collectives are not traced in this process ({type(exc).__name__}: {exc})")
+
+
+class _AfterImport:
+    """A meta path finder for one module: ``then(module)`` runs once it has executed."""
+
+    def __init__(self, name: str, then):
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        spec = None
+        for finder in list(sys.meta_path):
+            find = None if finder is self else getattr(finder, "find_spec", None)
+            if find is not None:
+                spec = find(fullname, path, target)
+                if spec is not None:
+                    break
+        run = getattr(getattr(spec, "loader", None), "exec_module", None)
+        if run is None:
+            return spec
+
+        def exec_module(module):
+            run(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            try:
+                self.then(module)
+            except Exception as exc:
+                _warn(f"cannot follow {self.name} ({type(exc).__name__}: {exc})")
+
+        try:
+            spec.loader.exec_module = exec_module
+        except Exception:
+            pass
+        return spec
+
+
+def _when_imported(name: str, then) -> None:
+    module = sys.modules.get(name)
+    if module is not None:
+        then(module)
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, then))
+
+
+ELASTIC_AGENT = "torch.distributed.elastic.agent.server.api"  # torchrun's (and accelerate's) agent
+
+
+def _wrap_rendezvous(module) -> None:
+    """torchrun's agent waits for the other nodes in ``SimpleElasticAgent._rendezvous``: note it as
+    joining too (a node whose peers never appear has no rank waiting in init_process_group)."""
+    import functools
+
+    agent = getattr(module, "SimpleElasticAgent", None)
+    real = getattr(agent, "_rendezvous", None)
+    if real is None or getattr(real, "_pytest_nccl_watch", False):
+        return
+
+    @functools.wraps(real)
+    def _rendezvous(self, worker_group, *args, **kwargs):
+        handler = getattr(getattr(worker_group, "spec", None), "rdzv_handler", None)
+        settings = getattr(handler, "_settings", None)
+        nodes = getattr(handler, "world_size", None) or getattr(settings, "min_nodes", None)
+        note = _note_joining(rank=getattr(handler, "rank", None), world=nodes, site="", what="rendezvous")
+        try:
+            return real(self, worker_group, *args, **kwargs)
+        finally:
+            _unlink(note)
+
+    _rendezvous._pytest_nccl_watch = True
+    agent._rendezvous = _rendezvous
+
+
+def _unlink(path: str | None) -> None:
+    if path:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def _wrap_init_process_group() -> None:
@@ -75,11 +157,7 @@ def _wrap_init_process_group() -> None:
         try:
             return real(*args, **kwargs)
         finally:
-            if joining:
-                try:
-                    os.unlink(joining)
-                except OSError:
-                    pass
+            _unlink(joining)
             _started()
 
     init_process_group._pytest_nccl_watch = True
@@ -93,17 +171,29 @@ def _wrap_init_process_group() -> None:
 
 
 def _joining(real, args, kwargs, frame) -> str | None:
-    """Note this process as waiting in ``init_process_group`` (for peers that may never come); the
-    path of the note, removed once the call returns."""
+    """Note this process as waiting in ``init_process_group`` (for peers that may never come)."""
     try:
         import inspect
-        import socket
-        import time
 
         from .. import tracer
 
         given = inspect.signature(real).bind_partial(*args, **kwargs).arguments
-        env = os.environ
+
+        def given_or_env(arg: str, var: str):
+            value = given.get(arg, -1)
+            return value if value not in (-1, None) else os.environ.get(var)
+
+        return _note_joining(rank=given_or_env("rank", "RANK"), world=given_or_env("world_size", "WORLD_SIZE"),
+                             site=tracer.call_site(frame), what="init_process_group")
+    except Exception:
+        return None
+
+
+def _note_joining(*, rank, world, site: str, what: str) -> str | None:
+    """``joining-PID.json`` in this attempt's directory; its path (removed once the wait is over)."""
+    try:
+        import socket
+        import time
 
         def number(value):
             try:
@@ -111,14 +201,13 @@ def _joining(real, args, kwargs, frame) -> str | None:
             except (TypeError, ValueError):
                 return None
 
-        rank = number(given.get("rank")) if given.get("rank", -1) != -1 else number(env.get("RANK"))
-        world = number(given.get("world_size")) if given.get("world_size", -1) != -1 else number(env.get("WORLD_SIZE"))
+        env = os.environ
         directory = jobdir.attempt_dir(env[jobdir.ENV_DIR], jobdir.attempt_of(env))
         os.makedirs(directory, exist_ok=True)
         path = jobdir.joining(directory, os.getpid())
         jobdir.write_json(path, {"pid": os.getpid(), "start": jobdir.process_start(os.getpid()),
-                                 "host": socket.gethostname(), "t": time.time(), "rank": rank, "world": world,
-                                 "site": tracer.call_site(frame)})
+                                 "host": socket.gethostname(), "t": time.time(), "rank": number(rank),
+                                 "world": number(world), "site": site, "what": what})
         return path
     except Exception:
         return None

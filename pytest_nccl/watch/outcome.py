@@ -64,46 +64,62 @@ def exit_status(*, verdict: bool, kept_running: bool, job_status: int) -> int:
     return job_status
 
 
+class Waits(enum.Enum):
+    """Where a joining process waits for its peers."""
+    INIT = "init_process_group"
+    RENDEZVOUS = "rendezvous"        # torchrun's agent, for the other nodes (no worker started yet)
+
+
 @dataclass(frozen=True)
 class Joining:
-    """A process waiting in ``init_process_group`` (``joining-PID.json``), first seen at ``since``
-    (the watch's clock)."""
+    """A process waiting for its peers (``joining-PID.json``), first seen at ``since`` (the watch's
+    clock). ``rank``/``world``: ranks in init_process_group, nodes in a rendezvous; None unknown."""
     pid: int
     since: float
     rank: int | None = None
     world: int | None = None
     site: str = ""
+    waits: Waits = Waits.INIT
 
 
 def waited_for_peers(joining: list, ranks_seen: int, now: float, timeout: float) -> list:
-    """The joining processes that waited ``timeout`` seconds while no process of the attempt has a
-    group yet (empty: keep waiting)."""
+    """The joining processes, when one has waited ``timeout`` seconds while no process of the
+    attempt has a group yet (empty: keep waiting)."""
     if ranks_seen or not joining:
         return []
     if min(j.since for j in joining) + timeout > now:
         return []
-    return sorted(joining, key=lambda j: (j.rank is None, j.rank if j.rank is not None else 0, j.pid))
+    return sorted(joining, key=lambda j: (j.waits != Waits.INIT, j.rank is None, j.rank or 0, j.pid))
+
+
+def _missing(waiting: list, noun: str) -> str:
+    world = next((j.world for j in waiting if j.world), None)
+    present = {j.rank for j in waiting if j.rank is not None}
+    if not world or len(present) != len(waiting):
+        return ""
+    absent = [r for r in range(world) if r not in present]
+    if not absent:
+        return ""
+    shown = ",".join(map(str, absent[:8])) + (",..." if len(absent) > 8 else "")
+    return f"; {noun}{'s' if len(absent) > 1 else ''} {shown} of {world} never joined"
 
 
 def peers_line(waiting: list, timeout: float) -> str:
     """The one line for peers that never appeared."""
-    def who(j: Joining) -> str:
-        name = f"rank {j.rank}" if j.rank is not None else f"pid {j.pid}"
-        return f"{name} (pid {j.pid})" if j.rank is not None else name
-
-    first = waiting[0]
-    world = next((j.world for j in waiting if j.world), None)
-    missing = ""
-    if world:
-        present = {j.rank for j in waiting if j.rank is not None}
-        absent = [r for r in range(world) if r not in present]
-        if absent and len(present) == len(waiting):
-            shown = ",".join(map(str, absent[:8])) + (",..." if len(absent) > 8 else "")
-            missing = f"; rank{'s' if len(absent) > 1 else ''} {shown} of {world} never joined"
-    where = f" at {first.site}" if first.site else ""
-    others = f" (and {len(waiting) - 1} more)" if len(waiting) > 1 else ""
-    return (f"peers never appeared: {who(first)}{others} waited {timeout:g} s (--timeout) in "
-            f"init_process_group{where}{missing} (a node or process that never started, or another "
+    ranks = [j for j in waiting if j.waits == Waits.INIT]
+    if ranks:
+        first = ranks[0]
+        who = f"rank {first.rank} (pid {first.pid})" if first.rank is not None else f"pid {first.pid}"
+        others = f" (and {len(ranks) - 1} more)" if len(ranks) > 1 else ""
+        where = f" at {first.site}" if first.site else ""
+        what = f"{who}{others} waited {timeout:g} s (--timeout) in init_process_group{where}{_missing(ranks, 'rank')}"
+    else:
+        first = waiting[0]
+        node = f" as node {first.rank}" if first.rank is not None else ""
+        nodes = f" of {first.world}" if first.world and node else ""
+        what = (f"the launcher (pid {first.pid}) waited {timeout:g} s (--timeout) in its rendezvous{node}{nodes}"
+                f"{_missing(waiting, 'node')}")
+    return (f"peers never appeared: {what} (a node or process that never started, or another "
             "MASTER_ADDR/MASTER_PORT); ending the job")
 
 
