@@ -97,15 +97,19 @@ def _vanished_ranks(d: str) -> None:
 
 
 @pytest.mark.parametrize("launcher_ok", [True, False])
-def test_ranks_that_vanished_with_a_successful_launcher_ended_with_the_job(tmp_path, launcher_ok):
-    """Ray ends its actors (SIGKILL, or a quick exit from C++) once the driver is done: no exit
-    record. With the launcher's success that is the job's end; without it, ranks that died."""
+@pytest.mark.parametrize("seen_status", [None, 1 << 8])  # not seen; seen exiting with status 1
+def test_ranks_that_vanished_with_a_successful_launcher_ended_with_the_job(tmp_path, launcher_ok, seen_status):
+    """Ray ends its actors once the driver is done (SIGTERM, which its handler turns into status 1,
+    or a quick exit from C++): no exit record. With the launcher's success that is the job's end;
+    without it, ranks that died."""
     d = str(tmp_path)
     _vanished_ranks(d)
     monitor = Monitor(d, timeout=60.0)
     try:
         for i in range(5):
             monitor.poll(i * 0.05)
+        for f in monitor.ranks.values():
+            f.exit_code = seen_status
         finding = monitor.after_exit(1.0, launcher_ok=launcher_ok)
     finally:
         monitor.close()

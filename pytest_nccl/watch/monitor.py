@@ -372,8 +372,10 @@ class Monitor:
     def after_exit(self, now: float, launcher_ok: bool = False) -> Finding | None:
         """The job ended on its own: what the journals say, when the ranks did not all pass.
         ``launcher_ok``: the launcher reported success; a rank that vanished without an exit record
-        and without a fatal signal was ended by it with the job (Ray ends its actors so, and a
-        script may end with ``os._exit(0)``), not a rank that died."""
+        and without a fatal signal (faulthandler's record) was ended by it with the job, whatever
+        status the watch saw it end with: Ray ends its actors so once the driver is done (SIGTERM,
+        which Ray's handler turns into status 1, or a quick exit from C++), and a script may end
+        with ``os._exit(0)``. Not a rank that died."""
         if self.referee is None:
             return None
         for f in self.ranks.values():
@@ -384,7 +386,7 @@ class Monitor:
                 f.state = RankState.DEAD
                 self.referee.finished(f.rank, f.state, now)
             if (launcher_ok and f.state == RankState.DEAD and f.exit.get("status") != "failed"
-                    and f.exit_code is None and not _read_text(jobdir.fatal(self.dir, f.rank))):
+                    and not _read_text(jobdir.fatal(self.dir, f.rank))):
                 f.state = RankState.PASSED
         finding = self.conclude(Reason.COMPLETED, now)
         return finding if finding.diagnosis is not None else None
