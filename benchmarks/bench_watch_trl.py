@@ -5,7 +5,9 @@
 Runs alternate A B A B ... (A: the launch command alone; B: the same under ``pytest-nccl watch``),
 one fresh job each. The step time of a run is TRL's own ``train_runtime`` divided by the steps
 (the training loop only: start-up and the model's save are outside it). Reports the median of each
-side, the overhead of B over A, and each pair's ratio.
+side, the overhead of B over A, and each pair's ratio; and the whole job's CPU time (from wait4: the
+launcher, its ranks, and the watch) with the CPU the watch adds per step, a measure that other load
+on the machine disturbs less than wall time.
 
 Run: python benchmarks/bench_watch_trl.py [--pairs 4] [--steps 200] [--json FILE]
 No assertion: a benchmark reports, it does not gate (target: within 2 %).
@@ -82,15 +84,29 @@ def step_time(output: str, steps: int) -> float:
     return float(found[-1]) / steps
 
 
-def run_once(command: list, steps: int, timeout: float) -> tuple[float, float]:
-    """(seconds per step, whole-job wall seconds)."""
+def run_once(command: list, steps: int, timeout: float) -> tuple[float, float, float]:
+    """(seconds per step, whole-job wall seconds, whole-job CPU seconds: the launcher, its ranks and,
+    under the watch, the watch, from wait4)."""
     t0 = time.perf_counter()
-    proc = subprocess.run(command, env=environment(), capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL, check=False)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"exit {proc.returncode}:\n{proc.stderr[-3000:]}")
-    return step_time(proc.stdout + proc.stderr, steps), wall
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(command, env=environment(), stdout=out, stderr=subprocess.STDOUT, text=True,
+                                stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"no end within {timeout} s")
+            time.sleep(0.05)
+        wall = time.perf_counter() - t0
+        out.seek(0)
+        text = out.read()
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise RuntimeError(f"exit {code}:\n{text[-3000:]}")
+    return step_time(text, steps), wall, usage.ru_utime + usage.ru_stime
 
 
 def order(pairs: int) -> list:
@@ -118,20 +134,28 @@ def main(argv: list | None = None) -> dict:
         run_once(command, args.steps, args.timeout)  # warm-up: page cache, datasets' cache
         steps = {"A": [], "B": []}
         walls = {"A": [], "B": []}
+        cpus = {"A": [], "B": []}
         for side in order(args.pairs):
-            per_step, wall = run_once(command if side == "A" else watched(command, sys.executable), args.steps,
-                                      args.timeout)
+            per_step, wall, cpu = run_once(command if side == "A" else watched(command, sys.executable),
+                                           args.steps, args.timeout)
             steps[side].append(per_step)
             walls[side].append(wall)
+            cpus[side].append(cpu)
             print(f"{side} ({'under the watch' if side == 'B' else 'alone':15s}): {per_step * 1e3:8.3f} ms/step, "
-                  f"job {wall:6.1f} s", flush=True)
+                  f"job {wall:6.1f} s wall, {cpu:6.1f} s CPU (load {os.getloadavg()[0]:.1f})", flush=True)
     result = summary(steps["A"], steps["B"])
     result["job_wall_s"] = {"without": round(statistics.median(walls["A"]), 2),
                             "with": round(statistics.median(walls["B"]), 2)}
+    result["job_cpu_s"] = {"without": round(statistics.median(cpus["A"]), 2),
+                           "with": round(statistics.median(cpus["B"]), 2)}
+    # the CPU the watch adds (the watch, the hook, the tracer, the agents), per training step
+    result["added_cpu_ms_per_step"] = round(
+        statistics.median([b - a for a, b in zip(cpus["A"], cpus["B"])]) / args.steps * 1e3, 3)
     result["steps"] = args.steps
     print(f"step time: {result['step_ms_without']:.3f} ms alone, {result['step_ms_with']:.3f} ms under the watch: "
           f"{result['overhead_pct']:+.2f} % (median of {result['runs']} runs each, A B A B; pair ratios "
-          f"{result['pair_ratios']})")
+          f"{result['pair_ratios']}); CPU added per step (median of pairs, whole job): "
+          f"{result['added_cpu_ms_per_step']:+.3f} ms")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
