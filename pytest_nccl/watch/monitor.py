@@ -385,8 +385,7 @@ class Monitor:
             if f.state is None:  # on another host, or it outlived the launcher
                 f.state = RankState.DEAD
                 self.referee.finished(f.rank, f.state, now)
-            if (launcher_ok and f.state == RankState.DEAD and f.exit.get("status") != "failed"
-                    and not _read_text(jobdir.fatal(self.dir, f.rank))):
+            if launcher_ok and f.state == RankState.DEAD and not _read_text(jobdir.fatal(self.dir, f.rank)):
                 f.state = RankState.PASSED
         finding = self.conclude(Reason.COMPLETED, now)
         return finding if finding.diagnosis is not None else None
