@@ -111,6 +111,23 @@ for name in $STACKS; do
   fi
 done
 
+# -- pytest-nccl watch on TRL's own SFT script (tests/test_watch_trl.py): the verdict on the
+# documented bad release (the trl-0.15.0 stack built above), the job untouched on the current one.
+# A block of its own: it runs only when trl-0.15.0 was among the stacks and the project's .venv exists.
+if [[ " $STACKS " == *" trl-0.15.0 "* && -x $CACHE/trl-0.15.0/bin/python && -x $REPO/.venv/bin/python ]]; then
+  log "watch: TRL's SFT script under pytest-nccl watch, trl-0.15.0 and current ($OUT/watch-trl.log)"
+  (cd "$REPO" && PYTEST_NCCL_CACHE="${PYTEST_NCCL_CACHE:-$HOME/.cache/pytest-nccl}" timeout "$RUN_TIMEOUT" \
+      "$REPO/.venv/bin/python" -m pytest tests/test_watch_trl.py -p no:cacheprovider -o addopts="" -q -rs) \
+      > "$OUT/watch-trl.log" 2>&1
+  rc=$?
+  # both tests must pass: a skip means the stack was not found, which is a failure here
+  if [[ $rc -eq 0 ]] && grep -q "2 passed" "$OUT/watch-trl.log" && ! grep -q "skipped" "$OUT/watch-trl.log"; then
+    summary+=("watch on trl-0.15.0 SFT: as documented (verdict, exit 3; current release untouched)")
+  else
+    status=1; summary+=("watch on trl-0.15.0 SFT: UNEXPECTED (pytest rc=$rc; log $OUT/watch-trl.log)")
+  fi
+fi
+
 log "summary:"
 for line in "${summary[@]}"; do
   echo "  $line"

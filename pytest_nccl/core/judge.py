@@ -5,7 +5,8 @@
   collectives, by the digests: no journal read for a clean pass), or the diagnosis;
 - ``settled``: once decided, whether the ranks still running all wait in a collective (nothing more
   will come), or one may still finish and should get ``Timing.settle`` to do it;
-- ``verdict``: the diagnosis of a call that is not clean, never None.
+- ``verdict``: the diagnosis of a call that is not clean, never None;
+- ``launcher_restarts``: whether a restarting launcher acts on a verdict by itself.
 
 Pure: no torch, no processes; tested on reports and records built by hand.
 """
@@ -73,3 +74,11 @@ def judge(reports: dict[int, RankReport], world: int, reason: Reason, bound: flo
             view.records = records.get(view.rank, [])
     result.diagnosis = verdict(views, reason, bound)
     return result
+
+
+def launcher_restarts(diag: Diagnosis) -> bool:
+    """A verdict that a launcher which restarts failed workers (torchrun ``--max-restarts``) acts on
+    by itself: a rank raised or died, so its process exits and the launcher starts the next attempt.
+    A hang or a desync (ranks that wait, disagree, or a rank that exited normally while others wait)
+    it never sees: the transport ends the job."""
+    return diag.kind in (Kind.RAISED, Kind.DIED)

@@ -44,7 +44,8 @@ def fr_status():
     try:
         import torch
 
-        text = torch._C._distributed_c10d._dump_fr_trace_json(False, True)
+        # not in torch's type stubs: looked up by name
+        text = getattr(torch._C._distributed_c10d, "_dump_fr_trace_json")(False, True)  # noqa: B009
         return json.loads(text.decode()).get("pg_status")
     except Exception:
         return None

@@ -3,14 +3,15 @@
     pytest-nccl watch [--timeout SECONDS] [--trace-dir DIR] [--keep-running] [--quiet] [--json FILE]
                       -- LAUNCH COMMAND...
 
-Exit status:
+Exit status (``outcome.exit_status``: one status per outcome, whoever ended the job first):
 
-- the launch command's own status when the watch reached no verdict (the job finished, or failed,
-  on its own; a launcher killed by signal N gives 128+N). When its ranks did not all exit normally
-  the watch still prints what their journals show (a post-mortem), without changing the status;
-- 3 (``EXIT_DIAGNOSED``): a hang or desync was diagnosed while the job ran, and the watch ended it;
-- 4 (``EXIT_DIAGNOSED_KEPT``): diagnosed with ``--keep-running``; the job was left running and has
+- 3 (``EXIT_DIAGNOSED``): a verdict: the watch diagnosed a hang, a desync or a failed rank and ended
+  the job, or the job ended before the watch concluded and its journals show the failure (the
+  launcher's own status is in the report and in ``--json``);
+- 4 (``EXIT_DIAGNOSED_KEPT``): a verdict with ``--keep-running``; the job was left running and has
   ended since (the watch waits for it);
+- the launch command's own status without a verdict (the job finished; or no process created a
+  default process group; a launcher killed by signal N gives 128+N);
 - 2: usage error (one line on stderr); 126 / 127: the command cannot be executed / is not found;
 - 128+N when the watch itself got signal N (Ctrl-C: 130); the job is ended first.
 """
@@ -27,13 +28,26 @@ import sys
 import tempfile
 import time
 
+from ..core.sites import headline_site
 from ..core.states import Reason
 from . import control, jobdir, present
-from .monitor import Monitor
+from .monitor import Finding, Monitor
+from .outcome import (  # noqa: F401  (the statuses, named where they were)
+    EXIT_DIAGNOSED,
+    EXIT_DIAGNOSED_KEPT,
+    Action,
+    Attempt,
+    Joining,
+    Waits,
+    attempt_of,
+    exit_status,
+    no_rank_line,
+    on_verdict,
+    peers_line,
+    waited_for_peers,
+)
 
 EXIT_USAGE = 2
-EXIT_DIAGNOSED = 3
-EXIT_DIAGNOSED_KEPT = 4
 EXIT_CANNOT_EXECUTE = 126
 EXIT_NOT_FOUND = 127
 TERM_WAIT = 5.0            # between SIGTERM and SIGKILL when the watch ends the job
@@ -54,11 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Run a torch.distributed job with every rank's collectives "
                 "traced; when it hangs or desyncs, print which rank, which collective and which line, "
                 "and end it.",
-                epilog="Exit: the job's own status without a verdict; 3 diagnosed and ended; 4 diagnosed "
-                       "with --keep-running; 2 usage error. See docs/watch.md.")
+                epilog="Exit: 3 a verdict (whether the watch or the launcher ended the job); 4 a verdict with "
+                       "--keep-running; else the job's own status; 2 usage error. See docs/watch.md.")
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                    help="how long ranks may wait in a collective while no rank makes progress before it "
-                        "is a hang (or a slow rank); default 300")
+                        "is a hang (or a slow rank), and in init_process_group for peers; default 300")
     p.add_argument("--trace-dir", metavar="DIR", help="write the trace (JSON) and the ranks' Flight "
                    "Recorder dumps here on a verdict")
     p.add_argument("--keep-running", action="store_true",
@@ -149,16 +163,24 @@ def main(argv: list | None = None) -> int:
 
 
 class Watch:
+    """One watched job: the launcher's attempts, one ``Monitor`` each (torchrun ``--max-restarts``
+    starts a new set of ranks per attempt, in ``jobdir.attempt_dir``)."""
+
     def __init__(self, args, command: list, directory: str):
         self.args, self.command, self.dir = args, command, directory
-        self.finding = None
+        self.finding: Finding | None = None  # the verdict the exit status stands for
+        self.kept = False               # reported with --keep-running: the job goes on
         self.ended_by_watch = False
         self.trace_files: list = []
+        self.attempt = 0                # the launcher's attempt followed (its restart count)
+        self.attempt_done = False       # ... has its verdict, or ended clean: wait for the next
+        self.earlier: list = []         # verdicts of earlier attempts, reported as they came
+        self.joining: dict = {}         # pid -> Joining, of the attempt followed
+        self.peers_missing = ""
 
     def run(self) -> int:
         args = self.args
         control.become_subreaper()
-        monitor = Monitor(self.dir, args.timeout)
         signals = _Signals()
         try:
             launcher = control.launch(self.command, job_env(self.dir))
@@ -170,16 +192,44 @@ class Watch:
             return self._done(EXIT_CANNOT_EXECUTE, None)
         if not args.quiet:
             say(f"{PROG}: watching {shlex.join(self.command)} (--timeout {args.timeout:g} s)")
+        self.monitor = Monitor(self.dir, args.timeout)
         try:
-            code = self._loop(launcher, monitor, signals)
+            code = self._loop(launcher, signals)
         except KeyboardInterrupt:  # a second signal: no more waiting
             control.kill_all(launcher)
             code = 128 + (signals.got or signal.SIGINT)
         finally:
-            monitor.close()
+            self.monitor.close()
         return code
 
-    def _loop(self, launcher, monitor: Monitor, signals: _Signals) -> int:
+    # -- attempts ---------------------------------------------------------------------------------------
+    def _attempt(self) -> Attempt:
+        return attempt_of([f.info for f in self.monitor.ranks.values()])
+
+    def _next_attempt(self, now: float) -> None:
+        """torchrun started another attempt: what the journals of this one show, then follow that one."""
+        newer = [a for a in jobdir.attempts(self.dir) if a > self.attempt
+                 and any(jobdir.rank_of(n) is not None or n.startswith("joining-")
+                         for n in _listdir(jobdir.attempt_dir(self.dir, a)))]
+        if not newer:
+            return
+        if not self.attempt_done:
+            finding = self.monitor.after_exit(now)
+            if finding is not None:
+                self._report_attempt(finding, self._attempt())
+        self.monitor.close()
+        self.attempt, self.attempt_done, self.joining = max(newer), False, {}
+        self.monitor = Monitor(jobdir.attempt_dir(self.dir, self.attempt), self.args.timeout)
+        if not self.args.quiet:
+            say(f"{PROG}: following the launcher's attempt {self.attempt + 1} (restart {self.attempt})")
+
+    def _report_attempt(self, finding, attempt: Attempt) -> None:
+        self.earlier.append((attempt, finding))
+        self._report(finding, title=f"{attempt.describe()} failed; the launcher restarts it")
+        self.finding = None  # not the job's verdict, unless the launcher gives up (``_ended``)
+
+    # -- the loop ---------------------------------------------------------------------------------------
+    def _loop(self, launcher, signals: _Signals) -> int:
         next_reap = 0.0
         while True:
             if signals.got is not None:
@@ -188,53 +238,112 @@ class Watch:
                 return self._done(128 + signals.got, launcher.returncode)
             code = launcher.poll()
             now = time.monotonic()
-            if self.finding is None:
-                reason = monitor.poll(now)
-                if reason in (Reason.DECIDED, Reason.TIMEOUT):
-                    finding = monitor.conclude(reason, time.monotonic())
-                    if self.args.keep_running:
-                        self._report(finding)
-                        say(f"{PROG}: --keep-running: the job goes on; the watch waits for it to end")
-                    else:
-                        if not self.args.quiet:
-                            say(f"{PROG}: {finding.diagnosis.kind} diagnosed; ending the job (SIGTERM, "
-                                f"then SIGKILL after {TERM_WAIT:g} s)")
-                        control.end(launcher, TERM_WAIT)
-                        self.ended_by_watch = True
-                        self._report(finding)
-                        return self._done(EXIT_DIAGNOSED, launcher.returncode)
+            self._next_attempt(now)
+            if not self.kept and not self.attempt_done and self._step(launcher, now):
+                return self._done(EXIT_DIAGNOSED, launcher.returncode)
             if code is not None:
                 break
             if now >= next_reap:
                 control.reap(launcher)
                 next_reap = now + 1.0
-            wake = monitor.wake_at(now) if self.finding is None else now + 0.2
+            wake = self.monitor.wake_at(now) if not (self.kept or self.attempt_done) else now + 0.2
             time.sleep(min(0.2, max(0.02, wake - time.monotonic())))
+        return self._ended(launcher)
+
+    def _step(self, launcher, now: float) -> bool:
+        """One tick of the attempt followed; True once the watch ended the job with a verdict."""
+        if self.peers_missing:
+            return False
+        monitor = self.monitor
+        reason = monitor.poll(now)
+        if reason in (Reason.DECIDED, Reason.TIMEOUT):
+            finding = monitor.conclude(reason, time.monotonic())
+            attempt = self._attempt()
+            action = on_verdict(finding.diagnosis, attempt, self.args.keep_running)
+            if action == Action.FOLLOW_NEXT_ATTEMPT:
+                self._report_attempt(finding, attempt)
+                self.attempt_done = True
+            elif action == Action.KEEP_RUNNING:
+                self._report(finding)
+                self.finding = finding
+                self.kept = True
+                say(f"{PROG}: --keep-running: the job goes on; the watch waits for it to end")
+            else:
+                if not self.args.quiet:
+                    say(f"{PROG}: {finding.verdict.kind} diagnosed; ending the job (SIGTERM, "
+                        f"then SIGKILL after {TERM_WAIT:g} s)")
+                control.end(launcher, TERM_WAIT)
+                self.ended_by_watch = True
+                self._report(finding)
+                self.finding = finding
+                return True
+        elif reason == Reason.COMPLETED and self._attempt().restartable:
+            # every rank of an attempt that may be restarted ended: its verdict now, not at the job's end
+            ended = monitor.after_exit(now)
+            if ended is not None:
+                self._report_attempt(ended, self._attempt())
+            self.attempt_done = True
+        elif monitor.referee is None and self._peers_never_appeared(now):
+            say(f"{PROG}: {self.peers_missing}")
+            control.end(launcher, TERM_WAIT)
+            self.ended_by_watch = True
+        return False
+
+    def _peers_never_appeared(self, now: float) -> bool:
+        directory = jobdir.attempt_dir(self.dir, self.attempt)
+        present = {}
+        for name in _listdir(directory):
+            if name.startswith("joining-") and name.endswith(".json"):
+                info = jobdir.read_json(os.path.join(directory, name))
+                if info is None or info.get("host") != socket.gethostname():
+                    continue
+                pid = int(info.get("pid") or 0)
+                if jobdir.process_start(pid) != info.get("start"):
+                    continue  # gone
+                seen = self.joining.get(pid)
+                waits = Waits.RENDEZVOUS if info.get("what") == Waits.RENDEZVOUS.value else Waits.INIT
+                present[pid] = seen or Joining(pid, now, info.get("rank"), info.get("world"),
+                                               headline_site(info.get("site") or ""), waits)
+        self.joining = present
+        waiting = waited_for_peers(list(present.values()), len(self.monitor.ranks), now, self.args.timeout)
+        if waiting:
+            self.peers_missing = peers_line(waiting, self.args.timeout)
+        return bool(waiting)
+
+    def _ended(self, launcher) -> int:
+        """The launcher exited: the verdict of the attempt followed (the launcher gave up, or the job
+        ended before the watch concluded), else the job's own status."""
         job_code = status_of(launcher.returncode)
-        if self.finding is not None:  # --keep-running
-            code = EXIT_DIAGNOSED_KEPT
+        if self.kept:
+            pass
+        elif self.attempt_done:
+            if self.earlier and self.earlier[-1][0].restart == self.attempt:  # the launcher gave up
+                self.finding = self.earlier[-1][1]
+                if not self.args.quiet:
+                    say(f"{PROG}: the launcher ended (exit status {job_code}) after "
+                        f"{self.earlier[-1][0].describe()}: that attempt's verdict stands")
+        elif self.peers_missing:
+            pass
         else:
-            code = job_code
-            finding = monitor.after_exit(time.monotonic())
+            finding = self.monitor.after_exit(time.monotonic(), launcher_ok=job_code == 0)
             if finding is not None:
-                self._report(finding, post_mortem=job_code)
-            elif monitor.referee is None and not self.args.quiet:
-                say(f"{PROG}: no rank reported: none created a default process group (not a "
-                    "torch.distributed job, it ended before init_process_group, or Python ran with -S, -I or -E)")
+                self._report(finding, title=f"the job ended on its own (exit status {job_code}); its journals show")
+                self.finding = finding
+            elif self.monitor.referee is None and not self.earlier:
+                torch_processes = sum(1 for n in _listdir(self.dir) if n.startswith("torch-"))
+                say(f"{PROG}: {no_rank_line(torch_processes)}")
         if control.descendants():  # processes that outlived the launcher
             control.end(launcher, 2.0)
+        code = exit_status(verdict=self.finding is not None, kept_running=self.kept, job_status=job_code)
         return self._done(code, launcher.returncode)
 
-    def _report(self, finding, post_mortem: int | None = None) -> None:
-        self.finding = finding
+    def _report(self, finding, title: str | None = None) -> None:
         timeout, quiet = self.args.timeout, self.args.quiet
         head = present.headline(finding, timeout)
         if quiet:
             say(head)
         else:
-            if post_mortem is not None:
-                title = f"the job ended on its own (exit status {post_mortem}); its journals show"
-            else:
+            if title is None:
                 title = {"timeout": "stalled", "decided": "diagnosed"}.get(finding.reason, finding.reason)
                 title = f"{title} ({finding.diagnosis.kind})"
             say(f"\n{'=' * 20} {PROG}: {title} {'=' * 20}")
@@ -242,22 +351,37 @@ class Watch:
         present.to_absolute(finding, timeout)
         if self.args.trace_dir:
             try:
-                self.trace_files = present.write_trace(self.args.trace_dir, finding, timeout)
+                written = present.write_trace(self.args.trace_dir, finding, timeout)
             except OSError as exc:
                 say(f"{PROG}: cannot write the trace to {self.args.trace_dir}: {exc}")
             else:
+                self.trace_files = written + self.trace_files  # the last verdict's first
                 if not quiet:
-                    say(f"{PROG}: trace written to {self.trace_files[0]}")
+                    say(f"{PROG}: trace written to {written[0]}")
 
     def _done(self, code: int, returncode) -> int:
         if self.args.json:
             text = present.summary(self.finding, exit_code=code,
                                    job_exit_code=None if returncode is None else status_of(returncode),
                                    command=self.command, timeout=self.args.timeout,
-                                   ended_by_watch=self.ended_by_watch, trace_files=self.trace_files)
+                                   ended_by_watch=self.ended_by_watch, trace_files=self.trace_files,
+                                   restart=self.attempt, earlier=[(a.restart, f) for a, f in self.earlier],
+                                   peers_missing=self.peers_missing or None, watched=self._watched())
             try:
                 with open(self.args.json, "w") as f:
                     f.write(text + "\n")
             except OSError as exc:
                 say(f"{PROG}: cannot write --json {self.args.json}: {exc}")
         return code
+
+
+    def _watched(self) -> dict:
+        monitor = getattr(self, "monitor", None)
+        return {r: sum(f.count.values()) for r, f in monitor.ranks.items()} if monitor is not None else {}
+
+
+def _listdir(directory: str) -> list:
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return []

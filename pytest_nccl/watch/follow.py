@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import threading
+from typing import BinaryIO
 
 from ..core.journal import JournalTail
 from ..core.reports import RankReport
@@ -34,8 +35,8 @@ class JournalFile:
 
     def __init__(self, path: str):
         self.path = path
-        self.f = None
-        self.ino = None
+        self.f: BinaryIO | None = None
+        self.ino: int | None = None
         self.consumed = 0      # bytes read in all: the measure of progress
         self.truncated = False  # the rank started the journal again (a restarted rank)
 
@@ -54,6 +55,7 @@ class JournalFile:
         for _ in range(4):  # segments visited in one read
             if self.f is None and not self._open(self.path):
                 break
+            assert self.f is not None  # opened just now, or before
             out += self.f.read(READ_CHUNK - len(out))
             if len(out) >= READ_CHUNK:
                 break
@@ -97,7 +99,7 @@ class Followed:
         self.state: RankState | None = None
         self.exit: RankReport | None = None   # its exit record, or what the watch saw it end as
         self.finished_at: float | None = None
-        self.fr_progress = None        # the Flight Recorder's per-group progress, last asked
+        self.fr_progress: tuple | None = None  # the Flight Recorder's per-group progress, last asked
         self.local = info.get("host") == socket.gethostname()
         self.exit_code: int | None = None  # seen while the process was a zombie
 

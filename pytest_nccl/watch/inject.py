@@ -1,46 +1,43 @@
-"""Rank side of ``pytest-nccl watch``: what the start-up hook (``startup/sitecustomize.py``) runs in a
-process of the watched job. Imports only the rank side, and torch only once the script does.
+"""Rank side of ``pytest-nccl watch``: what a process of the watched job runs once it has imported
+torch (``startup/sitecustomize.py`` calls ``after_torch``). Imports only the rank side.
 
-- ``bootstrap()``, at interpreter start-up: in a process that is not a rank (neither RANK nor
-  SLURM_PROCID in its environment: the launcher, a tokenizer's workers) it returns at once. In a rank
-  it adds a meta path finder that waits for ``import torch``; once torch's own module has run, and
-  before the importing code gets control back, it installs the tracer (``tracer.install``) and wraps
-  ``init_process_group``: libraries the script imports next see the traced functions.
-- the wrapper calls the real ``init_process_group`` unchanged. Once the default group exists it
-  starts the journal, starts the agent thread (``agent.py``), writes ``rank-R.json``, enables
-  faulthandler into ``fatal-R.txt`` (unless the script enabled it already) and, at exit, writes
-  ``exit-R.json``: raised (the interpreter's unhandled exception, ``sys.last_value``), exited
-  through ``sys.exit`` with a non-zero status, or passed. A killed process writes nothing.
+- ``after_torch()``: notes that this process imported torch (``torch-<pid>`` in the job directory: the
+  watch tells "not a torch job" from "no group created"), installs the tracer (``tracer.install``)
+  and wraps ``init_process_group``, before the code that imported torch gets control back: libraries
+  imported next see the traced functions. Every process of the job that imports torch gets this, a
+  launcher, a data loader worker or a Ray worker as much as a rank; it is idle until it creates a
+  default process group.
+- the wrapper notes the process as joining (``joining-<pid>.json``: where, and the rank and world
+  when the arguments or the environment say; torchrun's agent, waiting for the other nodes in its
+  rendezvous, is noted so too), calls the real ``init_process_group`` unchanged, and
+  once the default group exists the process is a rank, whatever gave it its rank and world
+  (environment, arguments, an ``init_method`` URL, a store): it starts the journal, starts the agent
+  thread (``agent.py``), writes ``rank-R.json``, enables faulthandler into ``fatal-R.txt`` (unless
+  the script enabled it already) and, at exit, writes ``exit-R.json``: raised (the unhandled
+  exception), exited through ``sys.exit`` with a non-zero status, or passed. A ``multiprocessing``
+  child (``mp.spawn``, ``Process``) writes it from multiprocessing's own exit path, which sees the
+  exception its target raised (a forked child ends with ``os._exit``: no ``atexit``). A killed
+  process writes nothing.
 
-Nothing here may break the user's job: a step that fails prints one line and the job runs on.
+Files go to the directory of the launcher's attempt (``jobdir.attempt_dir``: torchrun's
+``TORCHELASTIC_RESTART_COUNT``). Nothing here may break the user's job: a step that fails prints one
+line and the job runs on.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING, TextIO
 
 from . import jobdir
 
-_rank = None          # _Rank once the default group exists in this process
-_exit_status = None   # what sys.exit was called with
+if TYPE_CHECKING:
+    from .agent import Agent
 
-
-def is_rank(env=os.environ) -> bool:
-    """A process a launcher started as a rank (torchrun, accelerate, deepspeed: RANK; srun:
-    SLURM_PROCID). Its children inherit it (data loader workers): they get the hook, which stays
-    idle unless they create a default process group themselves."""
-    return "RANK" in env or "SLURM_PROCID" in env
-
-
-def bootstrap() -> None:
-    if not os.environ.get(jobdir.ENV_DIR) or not is_rank():
-        return
-    _wrap_sys_exit()
-    if "torch" in sys.modules:  # imported by a sitecustomize we chained to
-        after_torch()
-    else:
-        sys.meta_path.insert(0, _AfterTorch())
+_rank: "_Rank | None" = None    # once the default group exists in this process
+_exit_status: object = None     # what sys.exit was called with
+WRAPPED = "_pytest_nccl_watch"  # set on what the watch wrapped: never wrapped twice
 
 
 def _warn(text: str) -> None:
@@ -50,38 +47,10 @@ def _warn(text: str) -> None:
         pass
 
 
-class _AfterTorch:
-    """A meta path finder for one module, ``torch``: it finds torch's spec with the finders after it
-    and runs ``after_torch`` once torch's module has executed. Every other import costs one string
-    comparison; the finder removes itself at the first ``import torch``."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != "torch":
-            return None
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
-        spec = None
-        for finder in list(sys.meta_path):
-            find = getattr(finder, "find_spec", None)
-            if find is not None:
-                spec = find(fullname, path, target)
-                if spec is not None:
-                    break
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            after_torch()
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 def after_torch() -> None:
+    base = os.environ.get(jobdir.ENV_DIR)
+    if not base:
+        return
     try:
         import torch.distributed as dist
 
@@ -89,10 +58,94 @@ def after_torch() -> None:
             return
         from ..rank import tracer
 
+        _wrap_sys_exit()
         tracer.install()
         _wrap_init_process_group()
+        _when_imported(ELASTIC_AGENT, _wrap_rendezvous)
+        jobdir.touch(jobdir.torch_marker(base, os.getpid()))
     except Exception as exc:
         _warn(f"collectives are not traced in this process ({type(exc).__name__}: {exc})")
+
+
+class _AfterImport:
+    """A meta path finder for one module: ``then(module)`` runs once it has executed."""
+
+    def __init__(self, name: str, then):
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        spec = None
+        for finder in list(sys.meta_path):
+            find = None if finder is self else getattr(finder, "find_spec", None)
+            if find is not None:
+                spec = find(fullname, path, target)
+                if spec is not None:
+                    break
+        loader = getattr(spec, "loader", None)
+        run = getattr(loader, "exec_module", None)
+        if loader is None or run is None:
+            return spec
+
+        def exec_module(module):
+            run(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            try:
+                self.then(module)
+            except Exception as exc:
+                _warn(f"cannot follow {self.name} ({type(exc).__name__}: {exc})")
+
+        try:
+            loader.exec_module = exec_module
+        except Exception:
+            pass
+        return spec
+
+
+def _when_imported(name: str, then) -> None:
+    module = sys.modules.get(name)
+    if module is not None:
+        then(module)
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, then))
+
+
+ELASTIC_AGENT = "torch.distributed.elastic.agent.server.api"  # torchrun's (and accelerate's) agent
+
+
+def _wrap_rendezvous(module) -> None:
+    """torchrun's agent waits for the other nodes in ``SimpleElasticAgent._rendezvous``: note it as
+    joining too (a node whose peers never appear has no rank waiting in init_process_group)."""
+    import functools
+
+    agent = getattr(module, "SimpleElasticAgent", None)
+    real = getattr(agent, "_rendezvous", None)
+    if real is None or getattr(real, WRAPPED, False):
+        return
+
+    @functools.wraps(real)
+    def _rendezvous(self, worker_group, *args, **kwargs):
+        handler = getattr(getattr(worker_group, "spec", None), "rdzv_handler", None)
+        settings = getattr(handler, "_settings", None)
+        nodes = getattr(handler, "world_size", None) or getattr(settings, "min_nodes", None)
+        note = _note_joining(rank=getattr(handler, "rank", None), world=nodes, site="", what="rendezvous")
+        try:
+            return real(self, worker_group, *args, **kwargs)
+        finally:
+            _unlink(note)
+
+    vars(_rendezvous)[WRAPPED] = True
+    setattr(agent, "_rendezvous", _rendezvous)  # noqa: B010  (found by name: absent in some releases)
+
+
+def _unlink(path: str | None) -> None:
+    if path:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def _wrap_init_process_group() -> None:
@@ -101,27 +154,75 @@ def _wrap_init_process_group() -> None:
     import torch.distributed.distributed_c10d as c10d
 
     real = c10d.init_process_group
-    if getattr(real, "_pytest_nccl_watch", False):
+    if getattr(real, WRAPPED, False):
         return
 
     @functools.wraps(real)
     def init_process_group(*args, **kwargs):
-        result = real(*args, **kwargs)
-        _started()
-        return result
+        joining = _joining(real, args, kwargs, sys._getframe(1))
+        try:
+            return real(*args, **kwargs)
+        finally:
+            _unlink(joining)
+            _started()
 
-    init_process_group._pytest_nccl_watch = True
+    vars(init_process_group)[WRAPPED] = True
     # torch's own modules that bound the name at import time (torch.distributed among them)
     for name, module in list(sys.modules.items()):
         if (name == "torch" or name.startswith("torch.")) and getattr(module, "init_process_group", None) is real:
             try:
-                setattr(module, "init_process_group", init_process_group)
+                setattr(module, "init_process_group", init_process_group)  # noqa: B010  (any torch module)
             except Exception:
                 pass
 
 
+def _joining(real, args, kwargs, frame) -> str | None:
+    """Note this process as waiting in ``init_process_group`` (for peers that may never come)."""
+    try:
+        import inspect
+
+        from ..rank import tracer
+
+        given = inspect.signature(real).bind_partial(*args, **kwargs).arguments
+
+        def given_or_env(arg: str, var: str):
+            value = given.get(arg, -1)
+            return value if value not in (-1, None) else os.environ.get(var)
+
+        return _note_joining(rank=given_or_env("rank", "RANK"), world=given_or_env("world_size", "WORLD_SIZE"),
+                             site=tracer.call_site(frame), what="init_process_group")
+    except Exception:
+        return None
+
+
+def _note_joining(*, rank, world, site: str, what: str) -> str | None:
+    """``joining-PID.json`` in this attempt's directory; its path (removed once the wait is over)."""
+    try:
+        import socket
+        import time
+
+        def number(value):
+            try:
+                return int(value)
+            except (TypeError, ValueError):
+                return None
+
+        env = os.environ
+        directory = jobdir.attempt_dir(env[jobdir.ENV_DIR], jobdir.attempt_of(env))
+        os.makedirs(directory, exist_ok=True)
+        path = jobdir.joining(directory, os.getpid())
+        jobdir.write_json(path, {"pid": os.getpid(), "start": jobdir.process_start(os.getpid()),
+                                 "host": socket.gethostname(), "t": time.time(), "rank": number(rank),
+                                 "world": number(world), "site": site, "what": what})
+        return path
+    except Exception:
+        return None
+
+
 def _wrap_sys_exit() -> None:
     real = sys.exit
+    if getattr(real, WRAPPED, False):
+        return
 
     def exit(status=None):
         global _exit_status
@@ -129,14 +230,19 @@ def _wrap_sys_exit() -> None:
         real(status)
 
     exit.__doc__ = real.__doc__
+    vars(exit)[WRAPPED] = True
     sys.exit = exit
 
 
 def _started() -> None:
     global _rank
-    if _rank is not None:
+    if _rank is not None and _rank.pid == os.getpid():
         return  # a default group created again: the same journal goes on
     try:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return  # init_process_group raised
         _rank = _Rank(os.environ[jobdir.ENV_DIR])
         _rank.start()
     except Exception as exc:
@@ -146,14 +252,17 @@ def _started() -> None:
 class _Rank:
     """This process as a rank of the watched job."""
 
-    def __init__(self, directory: str):
+    def __init__(self, base: str):
         import torch.distributed as dist
 
-        self.directory = directory
+        self.attempt = jobdir.attempt_of(os.environ)
+        self.directory = jobdir.attempt_dir(base, self.attempt)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.backend = str(dist.get_backend())
         self.pid = os.getpid()
-        self.fatal_file = None
+        self.fatal_file: TextIO | None = None
+        self.agent: Agent | None = None
+        self.done = False
 
     def start(self) -> None:
         import atexit
@@ -165,8 +274,9 @@ class _Rank:
         from .agent import Agent
 
         d, r = self.directory, self.rank
+        os.makedirs(d, exist_ok=True)
         try:
-            os.unlink(jobdir.exit_record(d, r))  # a restarted rank (torchrun --max-restarts)
+            os.unlink(jobdir.exit_record(d, r))  # a rank that created its group again
         except OSError:
             pass
         tracer.start(jobdir.journal(d, r))
@@ -180,36 +290,61 @@ class _Rank:
             self.fatal_file = open(jobdir.fatal(d, r), "w")
             faulthandler.enable(file=self.fatal_file, all_threads=True)
         atexit.register(self.at_exit)
+        self._multiprocessing_exit()
         jobdir.write_json(jobdir.rank_info(d, r), {
             "rank": r, "world": self.world, "local_rank": os.environ.get("LOCAL_RANK"),
             "pid": self.pid, "start": jobdir.process_start(self.pid), "host": socket.gethostname(),
-            "backend": self.backend, "t0": time.time(), "argv": sys.argv[:8]})
+            "backend": self.backend, "t0": time.time(), "argv": sys.argv[:8],
+            "attempt": self.attempt, "max_restarts": jobdir.max_restarts_of(os.environ)})
 
-    def at_exit(self) -> None:
-        if os.getpid() != self.pid:
-            return  # a forked child that exits through the interpreter
+    def _multiprocessing_exit(self) -> None:
+        """In a multiprocessing child, the exit record is written by multiprocessing's exit path (a
+        finalizer runs inside ``_bootstrap``'s ``finally``: the target's exception is current)."""
+        mp = sys.modules.get("multiprocessing")
+        if mp is None or mp.parent_process() is None:
+            return
+        from multiprocessing import util
+
+        util.Finalize(None, lambda: self.at_exit(sys.exc_info()[1]), exitpriority=0)
+
+    def at_exit(self, exc: BaseException | None = None) -> None:
+        if os.getpid() != self.pid or self.done:
+            return  # a forked child that exits through the interpreter; or written already
+        self.done = True
         import time
 
-        from ..core.reports import RankReport
-        from ..core.states import RankState
-
-        record = RankReport(self.rank, RankState.PASSED, ended=time.time())
-        exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+        if exc is None:
+            exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
         try:
-            if exc is not None and not isinstance(exc, SystemExit):
-                from ..rank.stacks import describe_exception, format_exception
-
-                _, record.exc_type, record.exc_text, record.message = describe_exception(
-                    exc, lambda e: format_exception(e, cut_to_user=True))
-                record.state = RankState.FAILED
-            elif _exit_status not in (None, 0):
-                record.state, record.exc_type, record.message = (RankState.FAILED, "SystemExit",
-                                                                 f"SystemExit: {_exit_status}")
+            record = _outcome(self.rank, exc)
+            record.ended = time.time()
             jobdir.write_text(jobdir.exit_record(self.directory, self.rank), record.to_json())
-        except Exception as exc:
-            _warn(f"no exit record ({type(exc).__name__}: {exc})")
+        except Exception as err:
+            _warn(f"no exit record ({type(err).__name__}: {err})")
         if self.agent is not None:
             self.agent.close()
         from ..rank import tracer
 
         tracer.stop()  # the trace holds the default group: let it go as it would without us
+
+
+def _outcome(rank: int, exc: BaseException | None):
+    """How the process ends, as its exit record (``core.reports.RankReport``): raised (the exception;
+    a SystemExit raised while handling one, as ``mp.spawn``'s wrapper does, is that one),
+    ``sys.exit`` with a non-zero status, or passed."""
+    from ..core.reports import RankReport
+    from ..core.states import RankState
+
+    status = _exit_status
+    if isinstance(exc, SystemExit):
+        cause = exc.__context__
+        status = exc.code
+        exc = cause if status not in (None, 0) and isinstance(cause, Exception) else None
+    if exc is not None and not isinstance(exc, SystemExit):
+        from ..rank.stacks import describe_exception, format_exception
+
+        _, exc_type, text, message = describe_exception(exc, lambda e: format_exception(e, cut_to_user=True))
+        return RankReport(rank, RankState.FAILED, exc_type=exc_type, exc_text=text, message=message)
+    if status not in (None, 0):
+        return RankReport(rank, RankState.FAILED, exc_type="SystemExit", message=f"SystemExit: {status}")
+    return RankReport(rank, RankState.PASSED)

@@ -1,7 +1,14 @@
 """Both sides of ``pytest-nccl watch``: the files of one watched job and the environment that names
 them. Standard library only (every rank imports it).
 
-In ``$PYTEST_NCCL_WATCH_DIR`` (a private directory the watch creates per job), per rank R:
+In ``$PYTEST_NCCL_WATCH_DIR`` (a private directory the watch creates per job):
+
+    torch-PID        empty: process PID of the job imported torch (the hook is armed there)
+
+and in the directory of each of the launcher's attempts (``attempt_dir``: the job directory for the
+first, ``restart-N/`` for torchrun's N-th restart), per process PID and rank R:
+
+    joining-PID.json while PID waits in ``init_process_group``: where, rank and world when known
 
     journal-R.txt    the tracer's journal (journal.py), from the moment the default group exists;
                      rotated to journal-R.txt.1 past ``segment_bytes()`` (the last segment is kept)
@@ -22,7 +29,53 @@ ENV_PKG = "PYTEST_NCCL_WATCH_PKG"        # a directory pytest_nccl can be import
 ENV_WATCHER = "PYTEST_NCCL_WATCH_PID"    # the watch process: ranks end themselves when it is gone
 ENV_WATCHER_HOST = "PYTEST_NCCL_WATCH_HOST"  # ... when they run on its host (pids mean nothing elsewhere)
 ENV_SEGMENT = "PYTEST_NCCL_WATCH_SEGMENT_MB"
+# torchrun's, in every worker: which attempt this is (0 first), and how many restarts it allows
+ENV_RESTART = "TORCHELASTIC_RESTART_COUNT"
+ENV_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
 DEFAULT_SEGMENT_MB = 16.0
+
+
+def _int(value, default=None):
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def attempt_of(env) -> int:
+    """The launcher's attempt this process belongs to (torchrun counts restarts; others: 0)."""
+    return max(0, _int(env.get(ENV_RESTART), 0))
+
+
+def max_restarts_of(env) -> int:
+    return max(0, _int(env.get(ENV_MAX_RESTARTS), 0))
+
+
+def attempt_dir(directory: str, attempt: int) -> str:
+    return directory if attempt == 0 else os.path.join(directory, f"restart-{attempt}")
+
+
+def attempts(directory: str) -> list[int]:
+    """The attempts that have a directory (0 always)."""
+    found = [0]
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return found
+    for name in names:
+        if name.startswith("restart-"):
+            n = _int(name[8:])
+            if n:
+                found.append(n)
+    return sorted(found)
+
+
+def torch_marker(directory: str, pid: int) -> str:
+    return os.path.join(directory, f"torch-{pid}")
+
+
+def joining(directory: str, pid: int) -> str:
+    return os.path.join(directory, f"joining-{pid}.json")
 
 
 def journal(directory: str, rank: int) -> str:
@@ -61,6 +114,10 @@ def segment_bytes() -> int:
     except ValueError:
         mb = DEFAULT_SEGMENT_MB
     return max(1 << 16, int(mb * (1 << 20)))
+
+
+def touch(path: str) -> None:
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
 
 
 def write_text(path: str, text: str) -> None:

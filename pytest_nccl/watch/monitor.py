@@ -51,6 +51,13 @@ class Finding:
     counts: dict                     # rank -> {group: collectives entered}
     fr_pickles: dict = field(default_factory=dict)
 
+    @property
+    def verdict(self) -> Diagnosis:
+        """The diagnosis of a finding that has one (every finding the watch reports)."""
+        if self.diagnosis is None:
+            raise ValueError("pytest-nccl watch: a clean finding has no verdict")
+        return self.diagnosis
+
 
 class JobView:
     """The referee's CallView of a running job."""
@@ -203,7 +210,7 @@ class Monitor:
             f.exit = record
             f.state = record.state if record.state in (RankState.PASSED, RankState.FAILED) else RankState.DEAD
             f.finished_at = now
-            self.referee.finished(f.rank, f.state, now)
+            self._referee().finished(f.rank, f.state, now)
 
     def _poll_status(self) -> None:
         while not self._stop.wait(STATUS_EVERY):
@@ -213,6 +220,12 @@ class Monitor:
                     if answer is not None and answer.get("fr"):
                         f.fr_progress = fr_progress(answer["fr"])
 
+    def _referee(self) -> Referee:
+        """The referee, which exists once the first rank reported (the world size is its)."""
+        if self.referee is None:
+            raise RuntimeError("pytest-nccl watch: no rank has reported yet")
+        return self.referee
+
     def close(self) -> None:
         self._stop.set()
         for f in self.ranks.values():
@@ -221,7 +234,7 @@ class Monitor:
     # -- the verdict ------------------------------------------------------------------------------------
     def conclude(self, reason: Reason, now: float) -> Finding:
         """Stacks of the ranks still running, then the judge, as in the test modes."""
-        if reason == Reason.DECIDED and self.referee.settle:
+        if reason == Reason.DECIDED and self._referee().settle:
             self._settle()
         live = [f for f in self.ranks.values() if f.state is None]
         answers = ask_all(live, "dump", TIMING.stacks_wait)
@@ -240,8 +253,13 @@ class Monitor:
         return Finding(reason, result.ranks, result.diagnosis, now - self.t0, backend, dict(self.base),
                        {r: dict(f.count) for r, f in self.ranks.items()}, fr_pickles)
 
-    def after_exit(self, now: float) -> Finding | None:
-        """The job ended on its own: what the journals say, when the ranks did not all pass."""
+    def after_exit(self, now: float, launcher_ok: bool = False) -> Finding | None:
+        """The job ended on its own: what the journals say, when the ranks did not all pass.
+        ``launcher_ok``: the launcher reported success; a rank that vanished without an exit record
+        and without a fatal signal (faulthandler's record) was ended by it with the job, whatever
+        status the watch saw it end with: Ray ends its actors so once the driver is done (SIGTERM,
+        which Ray's handler turns into status 1, or a quick exit from C++), and a script may end
+        with ``os._exit(0)``. Not a rank that died."""
         if self.referee is None:
             return None
         for f in self.ranks.values():
@@ -250,7 +268,9 @@ class Monitor:
         for f in self.ranks.values():
             if f.state is None:  # on another host, or it outlived the launcher
                 f.state = RankState.DEAD
-                self.referee.finished(f.rank, f.state, now)
+                self._referee().finished(f.rank, f.state, now)
+            if launcher_ok and f.state == RankState.DEAD and not read_text(jobdir.fatal(self.dir, f.rank)):
+                f.state = RankState.PASSED
         finding = self.conclude(Reason.COMPLETED, now)
         return finding if finding.diagnosis is not None else None
 

@@ -12,8 +12,8 @@ import json
 import re
 import time
 
-from ..views.report import format_report, trace_json, write_trace_dir
 from ..core.states import Reason
+from ..views.report import format_report, trace_json, write_trace_dir
 from .monitor import Finding
 
 # a process group label as the tracer writes it ("default", "pg3[0,2]"); point-to-point labels
@@ -71,7 +71,7 @@ def report_text(finding: Finding, timeout: float) -> str:
 
 
 def headline(finding: Finding, timeout: float) -> str:
-    return absolute(job_words(finding.diagnosis.headline, timeout), finding.bases)
+    return absolute(job_words(finding.verdict.headline, timeout), finding.bases)
 
 
 def to_absolute(finding: Finding, timeout: float) -> None:
@@ -95,12 +95,17 @@ def write_trace(directory: str, finding: Finding, timeout: float) -> list:
 
 
 def summary(finding: Finding | None, *, exit_code: int, job_exit_code, command: list, timeout: float,
-            ended_by_watch: bool, trace_files: list) -> str:
-    """The ``--json`` document: the same whether or not there was a verdict."""
+            ended_by_watch: bool, trace_files: list, restart: int = 0, earlier: tuple | list = (),
+            peers_missing: str | None = None, watched: dict | None = None) -> str:
+    """The ``--json`` document: the same whether or not there was a verdict. ``verdict``: the exit
+    status is 3 (or 4) for it; ``post_mortem``: the job ended before the watch concluded (the
+    launcher's own status is ``job_exit_code``); ``restart``: the launcher's attempt it belongs to;
+    ``earlier_attempts``: the verdicts of the attempts the launcher restarted; ``watched``: the
+    ranks of the last attempt and the collectives each entered (rank -> count)."""
     diag = finding.diagnosis if finding is not None else None
     return json.dumps({
-        "verdict": diag is not None and not (finding.reason == Reason.COMPLETED),
-        "post_mortem": diag is not None and finding.reason == Reason.COMPLETED,
+        "verdict": diag is not None,
+        "post_mortem": finding is not None and diag is not None and finding.reason == Reason.COMPLETED,
         "exit_code": exit_code, "job_exit_code": job_exit_code, "ended_by_watch": ended_by_watch,
         "command": command, "timeout_s": timeout,
         "reason": None if finding is None else str(finding.reason),
@@ -109,5 +114,8 @@ def summary(finding: Finding | None, *, exit_code: int, job_exit_code, command: 
         "seq": diag.seq if diag else None, "exception": diag.exception_name if diag else None,
         "world": None if finding is None else len(finding.views),
         "elapsed_s": None if finding is None else round(finding.elapsed, 3),
-        "trace_files": trace_files,
+        "trace_files": trace_files, "restart": restart,
+        "earlier_attempts": [{"restart": n, "kind": f.diagnosis.kind, "headline": f.diagnosis.headline,
+                              "ranks": f.diagnosis.ranks} for n, f in earlier],
+        "peers_missing": peers_missing, "watched": {str(r): n for r, n in sorted((watched or {}).items())},
     }, indent=1)

@@ -2,9 +2,14 @@
 watch puts this file's directory first on the job's ``PYTHONPATH`` (as coverage's subprocess support
 and APM agents' ``*-run`` wrappers do).
 
-1. In a rank of the watched job (``PYTEST_NCCL_WATCH_DIR`` and RANK or SLURM_PROCID set) it hands
-   over to ``pytest_nccl.watch.inject.bootstrap``, which waits for ``import torch``. In any other
-   process it reads two environment variables and imports nothing.
+1. In every process of the job (``PYTEST_NCCL_WATCH_DIR`` set) it puts a meta path finder first on
+   ``sys.meta_path`` that waits for torch's module to *run*: it answers ``find_spec("torch")`` with
+   torch's own spec whose loader calls back once torch has executed, and stays armed until then, so
+   a probe (``importlib.util.find_spec("torch")``, as transformers, datasets and trl do before they
+   import it) does not disarm it, and every way of importing torch (``import``,
+   ``importlib.import_module``, lazy loaders, ``-m``, ``-c``, another ``sitecustomize``) is seen.
+   Only then does the process load ``pytest_nccl`` (``inject.after_torch``). A process that never
+   imports torch pays one string comparison per import, and imports nothing.
 2. Then it runs the ``sitecustomize`` this one shadows, if there is one (the distribution's, the
    user's, another tool's), under the same module name, as if it had been found first.
 
@@ -15,33 +20,76 @@ import os
 import sys
 
 
+def _warn(what, exc):
+    sys.stderr.write(f"pytest-nccl watch (pid {os.getpid()}): {what}: {type(exc).__name__}: {exc}\n")
+
+
+def _arrived():
+    """torch's module has run in this process: hand over to the watch's own ``pytest_nccl``."""
+    try:
+        for finder in [f for f in sys.meta_path if isinstance(f, _TorchFinder)]:
+            sys.meta_path.remove(finder)
+        # the watch's copy (the ranks and the watch must agree on the files), loaded from where the
+        # watch has it without putting that directory on sys.path
+        where = os.environ.get("PYTEST_NCCL_WATCH_PKG")
+        if where and "pytest_nccl" not in sys.modules:
+            import importlib.machinery
+            import importlib.util
+
+            spec = importlib.machinery.PathFinder.find_spec("pytest_nccl", [where])
+            if spec is not None and spec.loader is not None:
+                package = importlib.util.module_from_spec(spec)
+                sys.modules["pytest_nccl"] = package
+                try:
+                    spec.loader.exec_module(package)
+                except BaseException:
+                    del sys.modules["pytest_nccl"]
+                    raise
+        from pytest_nccl.watch import inject
+
+        inject.after_torch()
+    except Exception as exc:  # never stop the user's process
+        _warn("collectives are not traced in this process", exc)
+
+
+class _TorchFinder:
+    """Finds nothing itself: for ``torch`` it asks the finders after it and returns their spec with a
+    loader that calls ``_arrived`` once torch's module has executed."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "torch":
+            return None
+        spec = None
+        for finder in list(sys.meta_path):
+            find = None if finder is self or isinstance(finder, _TorchFinder) else getattr(finder, "find_spec", None)
+            if find is not None:
+                spec = find(fullname, path, target)
+                if spec is not None:
+                    break
+        loader = getattr(spec, "loader", None)
+        run = getattr(loader, "exec_module", None)
+        if loader is None or run is None or getattr(run, "_pytest_nccl_watch", False):
+            return spec
+
+        def exec_module(module):
+            run(module)
+            _arrived()
+
+        vars(exec_module)["_pytest_nccl_watch"] = True
+        try:
+            loader.exec_module = exec_module
+        except Exception:  # a loader that takes no attributes: torch goes untraced here
+            pass
+        return spec
+
+
 def _hook():
     if not os.environ.get("PYTEST_NCCL_WATCH_DIR"):
         return
-    if "RANK" not in os.environ and "SLURM_PROCID" not in os.environ:
-        return
-    # the watch's own copy of pytest_nccl (the ranks and the watch must agree on the files), loaded
-    # from where the watch has it without putting that directory on sys.path
-    where = os.environ.get("PYTEST_NCCL_WATCH_PKG")
-    if where and "pytest_nccl" not in sys.modules:
-        import importlib.machinery
-        import importlib.util
-
-        spec = importlib.machinery.PathFinder.find_spec("pytest_nccl", [where])
-        if spec is not None:
-            package = importlib.util.module_from_spec(spec)
-            sys.modules["pytest_nccl"] = package
-            try:
-                spec.loader.exec_module(package)
-            except BaseException:
-                del sys.modules["pytest_nccl"]
-                raise
-    try:
-        from pytest_nccl.watch import inject
-    except ImportError as exc:
-        sys.stderr.write(f"pytest-nccl watch: cannot import pytest_nccl in this process: {exc}\n")
-        return
-    inject.bootstrap()
+    if "torch" in sys.modules:  # imported before us (a .pth file)
+        _arrived()
+    else:
+        sys.meta_path.insert(0, _TorchFinder())
 
 
 def _chain():
@@ -68,5 +116,5 @@ def _chain():
 try:
     _hook()
 except Exception as _exc:  # never stop the user's process
-    sys.stderr.write(f"pytest-nccl watch: start-up hook failed: {type(_exc).__name__}: {_exc}\n")
+    _warn("start-up hook failed", _exc)
 _chain()

@@ -1,0 +1,133 @@
+"""Controller side of ``pytest-nccl watch``: what the watch does with a verdict, and its exit status.
+Pure (no processes, no files): tested on data.
+
+- ``on_verdict``: a verdict of the attempt being followed ends the job, unless the launcher restarts
+  failed workers and this attempt has restarts left and the verdict is one the launcher acts on by
+  itself (``referee.launcher_restarts``: a rank raised or died): then it is that attempt's verdict,
+  reported, and the watch follows the next attempt. ``--keep-running`` reports and waits.
+- ``exit_status``: one status per outcome, whoever ended the job first: 3 for a verdict (the watch
+  ended the job, or the job ended before the watch concluded and its journals show the failure),
+  4 for a verdict with ``--keep-running``, else the launcher's own.
+- ``waited_for_peers``: processes that have waited in ``init_process_group`` (or a launcher's
+  rendezvous) for ``timeout`` seconds while no process of the attempt created its group: peers
+  that never appeared.
+- ``no_rank_line``: the one line for a job in which no process created a default group.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ..core.judge import launcher_restarts
+
+EXIT_DIAGNOSED = 3
+EXIT_DIAGNOSED_KEPT = 4
+
+
+class Action(enum.Enum):
+    END_JOB = "end the job"
+    FOLLOW_NEXT_ATTEMPT = "report it as the attempt's verdict and follow the next attempt"
+    KEEP_RUNNING = "report it and wait for the job to end (--keep-running)"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """Which of the launcher's attempts the ranks belong to (torchrun: restart count, 0 first)."""
+    restart: int = 0
+    max_restarts: int = 0
+
+    @property
+    def restartable(self) -> bool:
+        return self.restart < self.max_restarts
+
+    def describe(self) -> str:
+        return f"attempt {self.restart + 1} of {self.max_restarts + 1}"
+
+
+def attempt_of(infos: list) -> Attempt:
+    """The attempt of a set of ``rank-R.json`` records (they agree: one launcher set them)."""
+    restarts = [int(i.get("attempt") or 0) for i in infos] or [0]
+    limits = [int(i.get("max_restarts") or 0) for i in infos] or [0]
+    return Attempt(max(restarts), max(limits))
+
+
+def on_verdict(diagnosis, attempt: Attempt, keep_running: bool) -> Action:
+    if attempt.restartable and launcher_restarts(diagnosis):
+        return Action.FOLLOW_NEXT_ATTEMPT
+    return Action.KEEP_RUNNING if keep_running else Action.END_JOB
+
+
+def exit_status(*, verdict: bool, kept_running: bool, job_status: int) -> int:
+    if verdict:
+        return EXIT_DIAGNOSED_KEPT if kept_running else EXIT_DIAGNOSED
+    return job_status
+
+
+class Waits(enum.Enum):
+    """Where a joining process waits for its peers."""
+    INIT = "init_process_group"
+    RENDEZVOUS = "rendezvous"        # torchrun's agent, for the other nodes (no worker started yet)
+
+
+@dataclass(frozen=True)
+class Joining:
+    """A process waiting for its peers (``joining-PID.json``), first seen at ``since`` (the watch's
+    clock). ``rank``/``world``: ranks in init_process_group, nodes in a rendezvous; None unknown."""
+    pid: int
+    since: float
+    rank: int | None = None
+    world: int | None = None
+    site: str = ""
+    waits: Waits = Waits.INIT
+
+
+def waited_for_peers(joining: list, ranks_seen: int, now: float, timeout: float) -> list:
+    """The joining processes, when one has waited ``timeout`` seconds while no process of the
+    attempt has a group yet (empty: keep waiting)."""
+    if ranks_seen or not joining:
+        return []
+    if min(j.since for j in joining) + timeout > now:
+        return []
+    return sorted(joining, key=lambda j: (j.waits != Waits.INIT, j.rank is None, j.rank or 0, j.pid))
+
+
+def _missing(waiting: list, noun: str) -> str:
+    world = next((j.world for j in waiting if j.world), None)
+    present = {j.rank for j in waiting if j.rank is not None}
+    if not world or len(present) != len(waiting):
+        return ""
+    absent = [r for r in range(world) if r not in present]
+    if not absent:
+        return ""
+    shown = ",".join(map(str, absent[:8])) + (",..." if len(absent) > 8 else "")
+    return f"; {noun}{'s' if len(absent) > 1 else ''} {shown} of {world} never joined"
+
+
+def peers_line(waiting: list, timeout: float) -> str:
+    """The one line for peers that never appeared."""
+    ranks = [j for j in waiting if j.waits == Waits.INIT]
+    if ranks:
+        first = ranks[0]
+        who = f"rank {first.rank} (pid {first.pid})" if first.rank is not None else f"pid {first.pid}"
+        others = f" (and {len(ranks) - 1} more)" if len(ranks) > 1 else ""
+        where = f" at {first.site}" if first.site else ""
+        what = f"{who}{others} waited {timeout:g} s (--timeout) in init_process_group{where}{_missing(ranks, 'rank')}"
+    else:
+        first = waiting[0]
+        node = f" as node {first.rank}" if first.rank is not None else ""
+        nodes = f" of {first.world}" if first.world and node else ""
+        what = (f"the launcher (pid {first.pid}) waited {timeout:g} s (--timeout) in its rendezvous{node}{nodes}"
+                f"{_missing(waiting, 'node')}")
+    return (f"peers never appeared: {what} (a node or process that never started, or another "
+            "MASTER_ADDR/MASTER_PORT); ending the job")
+
+
+def no_rank_line(torch_processes: int) -> str:
+    """No process created a default process group and the job ended."""
+    if torch_processes == 0:
+        return ("not a distributed job: no process of it imported torch (or its Python ran with -S, -I "
+                "or -E, which skip the start-up hook); nothing was watched")
+    return (f"no rank reported: {torch_processes} process{'es' if torch_processes > 1 else ''} imported "
+            "torch, none created a default process group (it ended before init_process_group, or never "
+            "called it)")

@@ -1,0 +1,121 @@
+"""Running real jobs under ``pytest-nccl watch`` in the tests: one bounded ``python -m pytest_nccl
+watch`` process per job, its environment tagged so that every process of the job (the launcher, its
+ranks, a Ray cluster's daemons) can be found afterwards; none may be left."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import assert_no_leftovers
+
+REPO = Path(__file__).resolve().parents[1]
+JOBS = REPO / "tests" / "watch"
+JOB_TIMEOUT = 120  # one watched job; longer is itself a hang
+DROP_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+            "GROUP_RANK", "ROLE_RANK", "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT",
+            "SLURM_PROCID", "SLURM_NTASKS", "PYTEST_NCCL_WATCH_DIR", "PYTEST_NCCL_WATCH_PKG")
+# writes a tiny model (pytest_nccl.testing), its tokenizer and a JSON-lines dataset of rows of 16
+# lengths into argv[1]; run by the interpreter of the release that will read them
+FIXTURES = textwrap.dedent("""
+    import json, os, sys
+    from pytest_nccl.testing import hf_offline_env, tiny_causal_lm, tiny_tokenizer
+    hf_offline_env()
+    out = sys.argv[1]
+    tok = tiny_tokenizer()
+    tiny_causal_lm("llama", tokenizer=tok).save_pretrained(os.path.join(out, "model"))
+    tok.save_pretrained(os.path.join(out, "model"))
+    os.makedirs(os.path.join(out, "data"))
+    with open(os.path.join(out, "data", "train.jsonl"), "w") as f:
+        for i in range(16):  # every row another length: each rank pads its batch to its own
+            f.write(json.dumps({"text": "ab " * (3 + 2 * i)}) + "\\n")
+""")
+HF_OFFLINE = dict(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                  HF_HUB_DISABLE_TELEMETRY="1", TOKENIZERS_PARALLELISM="false")
+
+
+@dataclass
+class Watched:
+    code: int
+    stdout: str
+    stderr: str
+    elapsed: float
+    tag: str
+    summary: dict | None
+
+    @property
+    def text(self) -> str:
+        return self.stdout + "\n" + self.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def job_env(tag: str, pythonpath: list | None = None, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in DROP_ENV and not k.startswith("TORCHELASTIC_")}
+    paths = [str(p) for p in (pythonpath or [])] + [str(REPO)]
+    env.update(PYTEST_NCCL_TEST_TAG=tag, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(paths), **extra)
+    # the launchers the tests name (torchrun, accelerate, deepspeed) from this interpreter's environment
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    return env
+
+
+def run_watch(tmp_path: Path, launch: list, *watch_args: str, pythonpath: list | None = None,
+              timeout: float = JOB_TIMEOUT, python: str = sys.executable, **env) -> Watched:
+    """``python -m pytest_nccl watch [watch_args] --json F -- launch...`` in ``tmp_path``. ``python``
+    runs the watch; the launch command names its own interpreter."""
+    tag = uuid.uuid4().hex
+    summary_path = tmp_path / f"verdict-{tag[:8]}.json"
+    command = [python, "-m", "pytest_nccl", "watch", *watch_args, "--json", str(summary_path), "--", *launch]
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(command, cwd=tmp_path, env=job_env(tag, pythonpath, **env), capture_output=True,
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        assert_no_leftovers(tag, wait=30.0)
+        pytest.fail(f"the watch did not finish within {timeout} s:\n{exc.stdout}\n{exc.stderr}")
+    elapsed = time.monotonic() - t0
+    assert_no_leftovers(tag, wait=15.0)
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    return Watched(proc.returncode, proc.stdout, proc.stderr, elapsed, tag, summary)
+
+
+def torchrun(*args: str, nproc: int = 2, python: str = sys.executable) -> list:
+    return [python, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1",
+            f"--master-port={free_port()}", *args]
+
+
+def line_in(path: Path, snippet: str) -> int:
+    """1-based line of ``snippet`` in a job script."""
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if snippet in line)
+
+
+def verdict_ok(run: Watched, timeout: float) -> None:
+    """A verdict: exit 3, the launcher's own status kept in --json, decided within --timeout + 10 s
+    of the first group."""
+    assert run.code == 3, run.text
+    s = run.summary
+    assert s is not None and s["verdict"] and s["exit_code"] == 3, run.text
+    assert s["elapsed_s"] is not None and s["elapsed_s"] <= timeout + 10, s
+
+
+def untouched(run: Watched, ranks: int = 2) -> None:
+    """A healthy job: its own exit status, no report, and every rank was watched."""
+    assert run.code == 0, run.text
+    assert "=====" not in run.stderr and "diagnosed" not in run.stderr, run.stderr
+    s = run.summary
+    assert s is not None and not s["verdict"] and s["exit_code"] == 0 == s["job_exit_code"], run.text
+    assert len(s["watched"]) == ranks and all(n > 0 for n in s["watched"].values()), s
