@@ -117,6 +117,10 @@ class Timing:
     # bound (which started earlier) still fires first, so the report is ours, not gloo's
     # "Timed out waiting 5000ms for send operation to complete".
     pg_timeout_margin: float = 10.0
+    # pytest-nccl watch on several nodes: how long a watch waits for the other nodes' watches to be
+    # in sync before it judges, and for the verdict of the watch of rank 0's node (which collects
+    # the stacks of every node's ranks first) before it gives its own
+    agree_wait: float = 5.0
 
 
 TIMING = Timing()

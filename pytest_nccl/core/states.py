@@ -31,6 +31,7 @@ class RankState(_Word):
     RUNNING = "running"          # still in the call: stuck, or busy
     DEAD = "dead"                # its process ended inside the call
     NOT_STARTED = "not-started"  # never reached the call (SPMD: still in an earlier test)
+    UNSEEN = "unseen"            # runs on another node, which this transport cannot see (a watch alone)
 
     @property
     def judged(self) -> "RankState":
@@ -40,7 +41,7 @@ class RankState(_Word):
     @property
     def finished(self) -> bool:
         """Out of the call for good."""
-        return self not in (RankState.RUNNING, RankState.NOT_STARTED)
+        return self not in (RankState.RUNNING, RankState.NOT_STARTED, RankState.UNSEEN)
 
     @property
     def failure(self) -> bool:
@@ -91,6 +92,7 @@ class Kind(_Word):
     SKIP_MISMATCH = "skip-mismatch"
     SETUP = "setup"
     RENDEZVOUS = "rendezvous"
+    UNSEEN = "unseen-ranks"      # ranks wait for ranks of other nodes that the watch cannot see
 
     @property
     def exception_name(self) -> str:
@@ -108,6 +110,6 @@ EXCEPTION_FOR_KIND = {
     Kind.RANK_LEFT: "CollectiveMismatch", Kind.GROUP_MISMATCH: "CollectiveMismatch",
     Kind.RAISED: "RankRaised", Kind.DIED: "RankDied",
     Kind.HANG: "CollectiveTimeout", Kind.SLOW_RANK: "CollectiveTimeout", Kind.TIMEOUT: "CollectiveTimeout",
-    Kind.RENDEZVOUS: "CollectiveTimeout",
+    Kind.RENDEZVOUS: "CollectiveTimeout", Kind.UNSEEN: "CollectiveTimeout",
     Kind.SKIP_MISMATCH: "DistributedTestFailure", Kind.SETUP: "RankSetupError",
 }

@@ -256,8 +256,10 @@ class Watch:
             return False
         monitor = self.monitor
         reason = monitor.poll(now)
-        if reason in (Reason.DECIDED, Reason.TIMEOUT):
-            finding = monitor.conclude(reason, time.monotonic())
+        # on several nodes, every node's watch gives the one finding of rank 0's node
+        elsewhere = monitor.decided_elsewhere()
+        if elsewhere is not None or reason in (Reason.DECIDED, Reason.TIMEOUT):
+            finding = elsewhere or monitor.agree(monitor.conclude(reason or Reason.DECIDED, time.monotonic()))
             attempt = self._attempt()
             action = on_verdict(finding.diagnosis, attempt, self.args.keep_running)
             if action == Action.FOLLOW_NEXT_ATTEMPT:
@@ -327,6 +329,7 @@ class Watch:
         else:
             finding = self.monitor.after_exit(time.monotonic(), launcher_ok=job_code == 0)
             if finding is not None:
+                finding = self.monitor.agree(finding)
                 self._report(finding, title=f"the job ended on its own (exit status {job_code}); its journals show")
                 self.finding = finding
             elif self.monitor.referee is None and not self.earlier:

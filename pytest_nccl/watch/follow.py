@@ -1,6 +1,7 @@
-"""One rank of a watched job as the watch follows it: its journal file read by offset across the
-rank's rotations (``JournalFile``), its info, exit record and process (``Followed``), and the
-questions asked of its agent socket."""
+"""One rank of a watched job as the watch follows it (``Followed``): its journal read by offset
+across the rank's rotations (``JournalFile``), its info, exit record and process, and the questions
+asked of its agent; for a rank of this watch's node from its files and socket (``LocalRank``), for a
+rank of another node through the channel its node's watch publishes in (``RemoteRank``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from ..core.journal import JournalTail
 from ..core.reports import RankReport
 from ..core.states import RankState
 from . import jobdir
+from .channel import Channel
 
 READ_CHUNK = 8 << 20      # bytes of one journal read in one tick at most
 
@@ -86,26 +88,17 @@ class JournalFile:
             self.f.close()
 
 
-class Followed:
-    """What the watch knows of one rank."""
+class LocalRank:
+    """A rank of this watch's node: its files in the job's directory, its agent's socket, its process."""
+
+    remote = False
 
     def __init__(self, rank: int, info: dict, directory: str):
         self.rank, self.info, self.directory = rank, info, directory
-        self.file = JournalFile(jobdir.journal(directory, rank))
-        self.tail = JournalTail(rank)
-        self.records: list = []        # the window, in the order the rank entered them
-        self.count: dict = {}          # group -> collectives entered since the journal started
-        self.kept: dict = {}           # group -> records of it in the window
-        self.state: RankState | None = None
-        self.exit: RankReport | None = None   # its exit record, or what the watch saw it end as
-        self.finished_at: float | None = None
-        self.fr_progress: tuple | None = None  # the Flight Recorder's per-group progress, last asked
-        self.local = info.get("host") == socket.gethostname()
+        self.journal = JournalFile(jobdir.journal(directory, rank))
         self.exit_code: int | None = None  # seen while the process was a zombie
 
     def ask(self, request: str, timeout: float) -> dict | None:
-        if not self.local:
-            return None
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
                 s.settimeout(timeout)
@@ -138,6 +131,87 @@ class Followed:
                 pass
             return True
         return False
+
+    def exit_report(self) -> RankReport | None:
+        """Its exit record; None while there is none (or it is being written)."""
+        text = read_text(jobdir.exit_record(self.directory, self.rank))
+        if not text:
+            return None
+        try:
+            return RankReport.from_json(text)
+        except (ValueError, TypeError):
+            return None
+
+    def fatal(self) -> str:
+        """What faulthandler wrote when a fatal signal ended it."""
+        return read_text(jobdir.fatal(self.directory, self.rank))
+
+
+class RemoteJournal:
+    """A rank's journal as its node's watch publishes it in the channel, read like a ``JournalFile``."""
+
+    truncated = False  # a restarted rank is followed by its watch under a new attempt: never here
+
+    def __init__(self, channel: Channel, rank: int):
+        self.channel, self.rank = channel, rank
+        self.chunks = 0
+        self.consumed = 0
+
+    def read(self) -> bytes:
+        self.chunks, data = self.channel.pull(self.rank, self.chunks)
+        self.consumed += len(data)
+        return data
+
+    def close(self) -> None:
+        pass
+
+
+class RemoteRank:
+    """A rank of another node, as that node's watch publishes it in the channel: its process is not
+    this watch's to see, so how it ended is what its watch says (``exit_report``)."""
+
+    remote = True
+    exit_code = None
+
+    def __init__(self, rank: int, info: dict, channel: Channel):
+        self.rank, self.info, self.channel = rank, info, channel
+        self.journal = RemoteJournal(channel, rank)
+
+    def ask(self, request: str, timeout: float) -> dict | None:
+        return self.channel.ask(self.rank, request, timeout)
+
+    def gone(self) -> bool:
+        return False
+
+    def exit_report(self) -> RankReport | None:
+        return self.channel.exit_report(self.rank)
+
+    def fatal(self) -> str:
+        return ""  # in its exit report already
+
+
+class Followed:
+    """What the watch knows of one rank, wherever it runs (``source``: a ``LocalRank`` or a
+    ``RemoteRank``)."""
+
+    def __init__(self, rank: int, source: LocalRank | RemoteRank):
+        self.rank, self.source, self.info = rank, source, source.info
+        self.file = source.journal
+        self.tail = JournalTail(rank)
+        self.records: list = []        # the window, in the order the rank entered them
+        self.count: dict = {}          # group -> collectives entered since the journal started
+        self.kept: dict = {}           # group -> records of it in the window
+        self.state: RankState | None = None
+        self.exit: RankReport | None = None   # its exit record, or what the watch saw it end as
+        self.finished_at: float | None = None
+        self.fr_progress: tuple | None = None  # the Flight Recorder's per-group progress, last asked
+
+    @property
+    def local(self) -> bool:
+        return not self.source.remote
+
+    def ask(self, request: str, timeout: float) -> dict | None:
+        return self.source.ask(request, timeout)
 
 
 def ask_all(followed: list, request: str, timeout: float) -> dict:

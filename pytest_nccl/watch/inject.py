@@ -213,7 +213,8 @@ def _note_joining(*, rank, world, site: str, what: str) -> str | None:
         path = jobdir.joining(directory, os.getpid())
         jobdir.write_json(path, {"pid": os.getpid(), "start": jobdir.process_start(os.getpid()),
                                  "host": socket.gethostname(), "t": time.time(), "rank": number(rank),
-                                 "world": number(world), "site": site, "what": what})
+                                 "world": number(world), "site": site, "what": what,
+                                 "local_world": number(env.get("LOCAL_WORLD_SIZE"))})
         return path
     except Exception:
         return None
@@ -295,7 +296,12 @@ class _Rank:
             "rank": r, "world": self.world, "local_rank": os.environ.get("LOCAL_RANK"),
             "pid": self.pid, "start": jobdir.process_start(self.pid), "host": socket.gethostname(),
             "backend": self.backend, "t0": time.time(), "argv": sys.argv[:8],
-            "attempt": self.attempt, "max_restarts": jobdir.max_restarts_of(os.environ)})
+            "attempt": self.attempt, "max_restarts": jobdir.max_restarts_of(os.environ),
+            # the other nodes: how many ranks this node has, and the job's store, through which the
+            # watches of several nodes see each other's ranks (channel.py)
+            "local_world": os.environ.get("LOCAL_WORLD_SIZE"), "node": os.environ.get("GROUP_RANK"),
+            "master_addr": os.environ.get("MASTER_ADDR"), "master_port": os.environ.get("MASTER_PORT"),
+            "run_id": os.environ.get("TORCHELASTIC_RUN_ID")})
 
     def _multiprocessing_exit(self) -> None:
         """In a multiprocessing child, the exit record is written by multiprocessing's exit path (a

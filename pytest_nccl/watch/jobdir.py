@@ -12,7 +12,8 @@ first, ``restart-N/`` for torchrun's N-th restart), per process PID and rank R:
 
     journal-R.txt    the tracer's journal (journal.py), from the moment the default group exists;
                      rotated to journal-R.txt.1 past ``segment_bytes()`` (the last segment is kept)
-    rank-R.json      written once the default group exists: rank, world, pid, host, backend
+    rank-R.json      written once the default group exists: rank, world, pid, host, backend; the
+                     node's rank count and the job's store address (several nodes: channel.py)
     exit-R.json      written at exit: passed, or raised (exception line and traceback); absent
                      when the process was killed
     fatal-R.txt      faulthandler's output on a fatal signal (SIGSEGV, SIGABRT...)
@@ -35,11 +36,15 @@ ENV_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
 DEFAULT_SEGMENT_MB = 16.0
 
 
-def _int(value, default=None):
+def int_or(value, default=None):
+    """``value`` as an int (from the environment or JSON), else ``default``."""
     try:
         return int(value)
     except (TypeError, ValueError):
         return default
+
+
+_int = int_or
 
 
 def attempt_of(env) -> int:

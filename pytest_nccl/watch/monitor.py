@@ -17,6 +17,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ..core.diagnosis import Diagnosis
 from ..core.exits import decode_wait_status
@@ -30,7 +31,9 @@ from ..core.referee import TIMING, Referee
 from ..core.reports import RankReport
 from ..core.states import RankState, Reason
 from . import jobdir
-from .follow import Followed, ask_all, fr_progress, read_text
+from .channel import connect as channel_connect
+from .follow import Followed, LocalRank, RemoteRank, ask_all, fr_progress
+from .nodes import Nodes
 
 KEEP = 1000               # records of a group kept per rank (the window holds KEEP to 2 * KEEP)
 STATUS_EVERY = 1.0        # how often each rank's Flight Recorder progress is asked for
@@ -93,16 +96,25 @@ class JobView:
 
 
 class Monitor:
-    def __init__(self, directory: str, timeout: float):
+    """``connect``: how the watch reaches the other nodes' watches, from a rank's info
+    (``channel.connect``; tests give a fake)."""
+
+    def __init__(self, directory: str, timeout: float, connect: Callable = channel_connect):
         self.dir, self.timeout = directory, timeout
         self.ranks: dict[int, Followed] = {}
         self.world = 0
+        self.connect = connect
+        self.other_nodes = False            # ranks run on other nodes too (LOCAL_WORLD_SIZE < WORLD_SIZE)
+        self.node_count = 1
+        self.nodes: Nodes | None = None      # the other nodes' watches, when the channel is up
         self.referee: Referee | None = None
         self.t0 = 0.0
         self.base: dict[str, int] = {}
         self.view = JobView(self)
         self._next_scan = 0.0
         self._stop = threading.Event()
+        self._connecting = threading.Event()  # the channel to the other nodes is being opened
+        self._prewarmed = False
         self._poller = threading.Thread(target=self._poll_status, name="pytest-nccl-watch-status", daemon=True)
         self._poller.start()
 
@@ -129,7 +141,9 @@ class Monitor:
         try:
             names = os.listdir(self.dir)
         except OSError:
-            return
+            names = []
+        if self.referee is None and not self._prewarmed:
+            self._prewarm(names)
         for name in names:
             rank = jobdir.rank_of(name)
             if rank is None or rank in self.ranks:
@@ -137,12 +151,67 @@ class Monitor:
             info = jobdir.read_json(os.path.join(self.dir, name))
             if info is None:
                 continue
-            self.ranks[rank] = Followed(rank, info, self.dir)
+            self.ranks[rank] = Followed(rank, LocalRank(rank, info, self.dir))
             _debug(f"rank {rank} joined: pid {info.get('pid')}")
             if self.referee is None:
-                self.world = int(info.get("world") or 0)
-                self.t0 = now
-                self.referee = Referee(self.world, self.timeout, now, trace=True, rolling=True)
+                self._first_rank(info, now)
+            if self.nodes is not None:
+                self.nodes.channel.publish_info(rank, info)
+        if self.nodes is not None:
+            for rank in range(self.world):
+                if rank not in self.ranks:
+                    info = self.nodes.channel.info(rank)
+                    if info is not None:
+                        self.ranks[rank] = Followed(rank, RemoteRank(rank, info, self.nodes.channel))
+                        _debug(f"rank {rank} joined on another node: pid {info.get('pid')} on {info.get('host')}")
+
+    def _prewarm(self, names: list) -> None:
+        """A process of a job on several nodes waits for its peers: import torch now, in the
+        background, for the channel to the other nodes' watches (seconds on a loaded host), so that it
+        is up soon after the group is."""
+        for name in names:
+            if name.startswith("joining-") and name.endswith(".json"):
+                info = jobdir.read_json(os.path.join(self.dir, name)) or {}
+                world, local = jobdir.int_or(info.get("world")), jobdir.int_or(info.get("local_world"))
+                if world and local and local < world:
+                    self._prewarmed = True
+                    threading.Thread(target=_import_torch_distributed, name="pytest-nccl-watch-prewarm",
+                                     daemon=True).start()
+                    return
+
+    def _first_rank(self, info: dict, now: float) -> None:
+        """The world is the one the first rank saw; a world larger than its node's ranks runs on
+        other nodes too: reach their watches through the job's store."""
+        self.world = int(info.get("world") or 0)
+        self.t0 = now
+        self.referee = Referee(self.world, self.timeout, now, trace=True, rolling=True)
+        local_world = jobdir.int_or(info.get("local_world"), self.world) or self.world
+        self.other_nodes = local_world < self.world
+        self.node_count = -(-self.world // local_world)
+        if self.other_nodes:  # reached in the background: the store may be slow to answer, or gone
+            self._connecting.set()
+            threading.Thread(target=self._reach_other_nodes, args=(info,), name="pytest-nccl-watch-connect",
+                             daemon=True).start()
+
+    def _reach_other_nodes(self, info: dict) -> None:
+        try:
+            channel = self.connect(info)
+            _debug(f"ranks on other nodes; their watches {'reached' if channel else 'out of reach'}")
+            if channel is None or self._stop.is_set():
+                return
+            for rank, f in self.local_ranks().items():
+                channel.publish_info(rank, f.info)
+            self.nodes = Nodes(channel, self.local_ranks, self._ended_report)
+        finally:
+            self._connecting.clear()
+
+    def local_ranks(self) -> dict:
+        return {r: f for r, f in list(self.ranks.items()) if f.local}
+
+    def _ended_report(self, rank: int) -> RankReport | None:
+        """How a rank of this node ended, all this watch can tell of it; None while it runs."""
+        f = self.ranks.get(rank)
+        return self._report(rank, None) if f is not None and f.state is not None else None
 
     def _read(self, f: Followed) -> None:
         data = f.file.read()
@@ -199,9 +268,9 @@ class Monitor:
         for f in self.ranks.values():
             if f.state is not None:
                 continue
-            record = _exit_report(self.dir, f.rank)
-            if record is None and f.local and f.gone():
-                record = _exit_report(self.dir, f.rank)  # written just before
+            record = f.source.exit_report()
+            if record is None and f.source.gone():
+                record = f.source.exit_report()  # written just before
                 if record is None:
                     record = RankReport(f.rank, RankState.DEAD)
             if record is None:
@@ -214,11 +283,18 @@ class Monitor:
 
     def _poll_status(self) -> None:
         while not self._stop.wait(STATUS_EVERY):
+            nodes = self.nodes
             for f in list(self.ranks.values()):
-                if f.state is None:
-                    answer = f.ask("status", 1.0)
-                    if answer is not None and answer.get("fr"):
-                        f.fr_progress = fr_progress(answer["fr"])
+                if f.state is not None:
+                    continue
+                if not f.local and nodes is not None:  # as its node's watch last asked
+                    f.fr_progress = nodes.channel.progress(f.rank)
+                    continue
+                answer = f.ask("status", 1.0)
+                if answer is not None and answer.get("fr"):
+                    f.fr_progress = fr_progress(answer["fr"])
+                    if nodes is not None:
+                        nodes.channel.publish_progress(f.rank, f.fr_progress)
 
     def _referee(self) -> Referee:
         """The referee, which exists once the first rank reported (the world size is its)."""
@@ -226,14 +302,25 @@ class Monitor:
             raise RuntimeError("pytest-nccl watch: no rank has reported yet")
         return self.referee
 
+    def agree(self, finding: Finding) -> Finding:
+        """The job's finding, the same on every node's watch (``Nodes.agree``)."""
+        return self.nodes.agree(finding) if self.nodes is not None else finding
+
+    def decided_elsewhere(self) -> Finding | None:
+        """The finding of the watch of rank 0's node, once it published one (``Nodes``)."""
+        return self.nodes.decided_elsewhere() if self.nodes is not None else None
+
     def close(self) -> None:
         self._stop.set()
+        if self.nodes is not None:
+            self.nodes.close()
         for f in self.ranks.values():
             f.file.close()
 
     # -- the verdict ------------------------------------------------------------------------------------
     def conclude(self, reason: Reason, now: float) -> Finding:
         """Stacks of the ranks still running, then the judge, as in the test modes."""
+        self._await_other_nodes()
         if reason == Reason.DECIDED and self._referee().settle:
             self._settle()
         live = [f for f in self.ranks.values() if f.state is None]
@@ -265,14 +352,36 @@ class Monitor:
         for f in self.ranks.values():
             self._read(f)
         self._finished(now)
-        for f in self.ranks.values():
-            if f.state is None:  # on another host, or it outlived the launcher
+        local = self.local_ranks()
+        for f in local.values():  # another node's ranks are its launcher's to end
+            if f.state is None:  # it outlived the launcher
                 f.state = RankState.DEAD
                 self._referee().finished(f.rank, f.state, now)
-            if launcher_ok and f.state == RankState.DEAD and not read_text(jobdir.fatal(self.dir, f.rank)):
+            if launcher_ok and f.state == RankState.DEAD and not f.source.fatal():
                 f.state = RankState.PASSED
+        failed = [f for f in self.ranks.values() if f.state not in (None, RankState.PASSED)]
+        if self.other_nodes and not failed:
+            return None  # this node's ranks passed; the other nodes' are their own watches' to judge
         finding = self.conclude(Reason.COMPLETED, now)
         return finding if finding.diagnosis is not None else None
+
+    def _await_other_nodes(self) -> None:
+        """On several nodes: the other nodes' watches reached and in sync (within
+        ``Timing.agree_wait``), and what they published read, before judging the whole job."""
+        if not self.other_nodes:
+            return
+        deadline = time.monotonic() + TIMING.agree_wait
+        while self.nodes is None and self._connecting.is_set() and time.monotonic() < deadline:
+            time.sleep(TIMING.poll)
+        if self.nodes is None:
+            return
+        self.nodes.await_synced(self.node_count - 1, deadline)
+        now = time.monotonic()
+        self._discover(now)
+        for f in list(self.ranks.values()):
+            if not f.local:
+                self._read(f)
+        self._finished(now)
 
     def _settle(self) -> None:
         """Decided: give ranks outside any collective a moment to finish, as the forked mode does."""
@@ -289,23 +398,27 @@ class Monitor:
     def _report(self, r: int, answer: dict | None) -> RankReport:
         """What the watch knows of rank ``r``: its exit record, or what it saw from outside."""
         f = self.ranks.get(r)
+        if f is None and self.other_nodes:
+            return RankReport(r, RankState.UNSEEN, message="runs on another node, which this watch cannot see")
         if f is None:
             return RankReport(r, RankState.NOT_STARTED, message="never created the default process group")
         report = RankReport(r, f.state or RankState.RUNNING)
         if f.exit is not None:
             report.exc_type, report.exc_text, report.message = f.exit.exc_type, f.exit.exc_text, f.exit.message
+            if not f.local:  # its node's watch saw how it ended
+                report.stack, report.exit_code, report.signal_name = f.exit.stack, f.exit.exit_code, f.exit.signal_name
         if f.finished_at is not None:
             report.finished_at = f.finished_at - self.t0
         if answer:
             report.stack = answer.get("stack") or ""
-        if report.state == RankState.DEAD:
-            fatal = read_text(jobdir.fatal(self.dir, r))
+        if report.state == RankState.DEAD and f.local:
+            fatal = f.source.fatal()
             if fatal:
                 report.stack = fatal[-6000:]
                 report.signal_name = next((sig for text, sig in FATAL_SIGNALS.items()
                                            if f"Fatal Python error: {text}" in fatal), None)
-            if f.exit_code is not None and report.signal_name is None:
-                report.exit_code, report.signal_name = decode_wait_status(f.exit_code)
+            if f.source.exit_code is not None and report.signal_name is None:
+                report.exit_code, report.signal_name = decode_wait_status(f.source.exit_code)
         return report
 
     def _journals(self, reports: dict, answers: dict) -> dict:
@@ -324,19 +437,15 @@ class Monitor:
         return merged
 
 
+def _import_torch_distributed() -> None:
+    try:
+        import torch.distributed  # noqa: F401
+    except Exception:
+        pass
+
+
 def _waits_nowhere(records: list) -> bool:
     return RankView(0, records=records).current is None
-
-
-def _exit_report(directory: str, rank: int) -> RankReport | None:
-    """The rank's exit record; None while there is none (or it is being written)."""
-    text = read_text(jobdir.exit_record(directory, rank))
-    if not text:
-        return None
-    try:
-        return RankReport.from_json(text)
-    except (ValueError, TypeError):
-        return None
 
 
 def _debug(text: str) -> None:

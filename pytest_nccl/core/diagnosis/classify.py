@@ -166,8 +166,10 @@ def _absent(div: Divergence, views: dict, reason: Reason, bound: float) -> Diagn
     state = state_of(first, div.pg)
     same = [v.rank for v in absent if state_of(v, div.pg) == state]  # ranks 1,2 both left alike
     waiting = sorted(div.records)
+    if first.status == RankState.UNSEEN:  # how far they got is not known: where the others wait now
+        rec = next((views[r].current for r in waiting if views[r].current is not None), rec)
     verb = "wait" if len(waiting) > 1 else "waits"
-    if reason == Reason.TIMEOUT and first.status == RankState.RUNNING:
+    if reason == Reason.TIMEOUT and first.status in (RankState.RUNNING, RankState.UNSEEN):
         verb = "waited" + f" for the whole {seconds(bound)} s bound"
     headline = f"{rank_list(same)} {state}; {rank_list(waiting)} {verb} in {where(rec)}"
     others = [v for v in absent if v.rank not in same]
@@ -181,6 +183,8 @@ def _absent(div: Divergence, views: dict, reason: Reason, bound: float) -> Diagn
         kind = Kind.DIED
     elif first.status == RankState.FAILED:
         kind = Kind.RAISED
+    elif first.status == RankState.UNSEEN:
+        kind = Kind.UNSEEN
     elif first.status == RankState.RUNNING:
         kind = Kind.GROUP_MISMATCH if first.current is not None else Kind.SLOW_RANK
         if kind == Kind.SLOW_RANK and rendezvous_at(first.stack):

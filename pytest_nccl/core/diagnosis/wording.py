@@ -66,6 +66,8 @@ def where(rec: CollectiveRecord, transfer=None) -> str:
 
 def state_of(view: RankView, pg: str) -> str:
     """Why this rank is not in the collective the others wait in."""
+    if view.status == RankState.UNSEEN:  # how far it got is not known here
+        return "cannot be seen by this watch (on another node)"
     count = len(view.records_in(pg))
     after = f"after {count} collective{'s' if count != 1 else ''} in group {pg}"
     if view.status == RankState.DEAD:

@@ -1,0 +1,229 @@
+"""What the watches of one job on several nodes say to each other, through a channel the job already
+has: the launcher's c10d store at ``MASTER_ADDR:MASTER_PORT`` (torchrun's agent store, or the one
+rank 0 hosts under srun), which every rank reaches anyway.
+
+Every watch publishes what it follows of its own node's ranks, and reads what the others publish of
+theirs, under ``pytest-nccl-watch/<job>/``:
+
+    info/<rank>            the rank's info (its rank-R.json)
+    journal/<rank>/count   how many chunks of its journal were published (``add``)
+    journal/<rank>/<i>     chunk i: the journal's bytes read in one tick; only the last
+                           ``KEEP_CHUNKS`` are kept (the store lives in the launcher's memory)
+    exit/<rank>            its exit report (``RankReport`` JSON): its own record, or how the owning
+                           watch saw it end (a signal, the stacks faulthandler wrote)
+    progress/<rank>        the Flight Recorder's per-group progress, as last asked (JSON)
+    ask/<rank>/count       questions for the rank's agent; ask/<rank>/<i>: the request word
+    answer/<rank>/<i>      the owning watch's relay of the agent's answer (JSON)
+    watches                how many watches follow the job (each adds one when it joins)
+    synced                 how many of them have published what their ranks wrote before they
+                           joined (a watch that decides waits for the others to be in sync)
+    verdict                the deciding watch's finding (pickled), the same on every node
+    verdict-taken          how many other watches have it (the deciding watch's store lives on
+                           the launcher of its node: it ends that job once every watch has it)
+
+A store error (the launcher's store went away with its node) makes the channel lost: every call then
+answers "nothing" and the watch goes on with what it sees itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import threading
+import time
+
+from ..core.reports import RankReport
+
+PREFIX = "pytest-nccl-watch"
+KEEP_CHUNKS = 64        # journal chunks kept per rank: about 3 s of journal at one chunk per tick
+ASK_POLL = 0.02         # how often an asking watch looks for the answer
+
+
+class Channel:
+    """The keys of one job in a store (anything with torch's Store methods: set, get, check, add,
+    delete_key)."""
+
+    def __init__(self, store, job: str):
+        self.store, self.prefix = store, f"{PREFIX}/{job}/"
+        self.lost = False
+        self._lock = threading.Lock()   # one client: the monitor's thread and the relay's share it
+        self._chunks: dict[int, int] = {}   # rank -> chunks published by this watch
+        self._answered: dict[int, set] = {}  # rank -> numbers of the questions this watch answered
+
+    def _k(self, *parts) -> str:
+        return self.prefix + "/".join(str(p) for p in parts)
+
+    def _call(self, fn, *args, default=None):
+        if self.lost:
+            return default
+        try:
+            with self._lock:
+                return fn(*args)
+        except Exception:  # the store went away (its node ended): on with what this watch sees
+            self.lost = True
+            return default
+
+    def _get(self, key: str) -> bytes | None:
+        def get():
+            return self.store.get(key) if self.store.check([key]) else None
+        return self._call(get)
+
+    def _set(self, key: str, value: bytes | str) -> None:
+        self._call(self.store.set, key, value)
+
+    # -- ranks --------------------------------------------------------------------------------------
+    def publish_info(self, rank: int, info: dict) -> None:
+        self._set(self._k("info", rank), json.dumps(info))
+
+    def info(self, rank: int) -> dict | None:
+        raw = self._get(self._k("info", rank))
+        try:
+            return json.loads(raw) if raw else None
+        except ValueError:
+            return None
+
+    # -- journals -------------------------------------------------------------------------------------
+    def push(self, rank: int, data: bytes) -> None:
+        """Publish the bytes of the rank's journal read since the last push."""
+        if not data:
+            return
+        i = self._chunks.get(rank, 0)
+
+        def push():
+            self.store.set(self._k("journal", rank, i), data)
+            self.store.add(self._k("journal", rank, "count"), 1)
+            if i >= KEEP_CHUNKS:
+                self.store.delete_key(self._k("journal", rank, i - KEEP_CHUNKS))
+        self._call(push)
+        self._chunks[rank] = i + 1
+
+    def pull(self, rank: int, after: int) -> tuple[int, bytes]:
+        """(chunks published so far, the bytes of those after the first ``after``). Chunks dropped
+        before this watch read them (it fell ``KEEP_CHUNKS`` behind) are skipped."""
+        def pull():
+            count = self.store.add(self._k("journal", rank, "count"), 0)
+            out = b""
+            for i in range(max(after, count - KEEP_CHUNKS), count):
+                key = self._k("journal", rank, i)
+                if self.store.check([key]):
+                    out += self.store.get(key)
+            return count, out
+        return self._call(pull, default=(after, b""))
+
+    # -- how ranks ended, how far they got -----------------------------------------------------------------
+    def publish_exit(self, report: RankReport) -> None:
+        self._set(self._k("exit", report.rank), report.to_json())
+
+    def exit_report(self, rank: int) -> RankReport | None:
+        raw = self._get(self._k("exit", rank))
+        try:
+            return RankReport.from_json(raw.decode()) if raw else None
+        except (ValueError, TypeError):
+            return None
+
+    def publish_progress(self, rank: int, progress) -> None:
+        self._set(self._k("progress", rank), json.dumps(progress))
+
+    def progress(self, rank: int):
+        raw = self._get(self._k("progress", rank))
+        try:
+            value = json.loads(raw) if raw else None
+        except ValueError:
+            return None
+        return _tuples(value)
+
+    # -- questions for a rank's agent, relayed by the watch that owns the rank ----------------------------
+    def ask(self, rank: int, request: str, timeout: float) -> dict | None:
+        """The rank's agent's answer to ``request`` ("dump", "fr", "status"), through its node's watch."""
+        n = self._call(self.store.add, self._k("ask", rank, "count"), 1)
+        if n is None:
+            return None
+        self._set(self._k("ask", rank, n - 1), request)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self.lost:
+            raw = self._get(self._k("answer", rank, n - 1))
+            if raw is not None:
+                try:
+                    return json.loads(raw) if raw != b"null" else None
+                except ValueError:
+                    return None
+            time.sleep(ASK_POLL)
+        return None
+
+    def questions(self, rank: int) -> list[tuple[int, str]]:
+        """Questions for ``rank`` not answered yet by this watch: (number, request)."""
+        def questions():
+            count = self.store.add(self._k("ask", rank, "count"), 0)
+            answered = self._answered.get(rank, set())
+            out = []
+            for i in range(max(0, count - 16), count):  # the latest questions: older ones timed out
+                key = self._k("ask", rank, i)
+                if i not in answered and self.store.check([key]):
+                    out.append((i, self.store.get(key).decode()))
+            return out
+        return self._call(questions, default=[])
+
+    def answer(self, rank: int, number: int, answer: dict | None) -> None:
+        self._set(self._k("answer", rank, number), json.dumps(answer))
+        self._answered.setdefault(rank, set()).add(number)
+
+    # -- the watches, and the verdict ---------------------------------------------------------------------
+    def join(self) -> None:
+        """One more watch follows the job (the deciding one waits for each to have its verdict)."""
+        self._call(self.store.add, self._k("watches"), 1)
+
+    def watches(self) -> int:
+        return self._call(self.store.add, self._k("watches"), 0, default=0)
+
+    def synced(self) -> None:
+        """This watch has published everything its node's ranks wrote before it joined."""
+        self._call(self.store.add, self._k("synced"), 1)
+
+    def synced_watches(self) -> int:
+        return self._call(self.store.add, self._k("synced"), 0, default=0)
+
+    def acknowledge(self) -> None:
+        """This watch has the verdict: the deciding watch may end its node's job (and the store)."""
+        self._call(self.store.add, self._k("verdict-taken"), 1)
+
+    def acknowledged(self) -> int:
+        return self._call(self.store.add, self._k("verdict-taken"), 0, default=0)
+
+    def publish_verdict(self, finding) -> None:
+        self._set(self._k("verdict"), pickle.dumps(finding))
+
+    def verdict(self):
+        raw = self._get(self._k("verdict"))
+        try:
+            return pickle.loads(raw) if raw else None
+        except Exception:
+            return None
+
+
+def _tuples(value):
+    """JSON turned the progress's tuples into lists: back to tuples, so it compares as published."""
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    return value
+
+
+def connect(info: dict, timeout: float = 5.0) -> Channel | None:
+    """The channel of the job a rank belongs to, from its info (``MASTER_ADDR``, ``MASTER_PORT``,
+    the launcher's run id); None when the rank gave no store address or it cannot be reached."""
+    host, port = info.get("master_addr"), info.get("master_port")
+    if not host or not port:
+        return None
+    # torch's C++ log would print each failed connection attempt with a stack: the watch says it once
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    try:
+        import datetime
+
+        import torch.distributed as dist
+
+        store = dist.TCPStore(str(host), int(port), is_master=False, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=timeout))
+    except Exception:
+        return None
+    job = f"{info.get('run_id') or 'job'}/{info.get('attempt') or 0}"
+    return Channel(store, job)

@@ -1,0 +1,107 @@
+"""This watch among the watches of the job's other nodes (one ``pytest-nccl watch`` per node, as srun
+or a cluster's scheduler starts them), through the job's own store (``channel.py``).
+
+- a relay thread publishes what this watch follows of its node's ranks (their journals, read from
+  the start by a reader of its own, exit reports, progress) and answers the questions other watches
+  ask of its ranks' agents (stacks, Flight Recorder);
+- every watch judges the whole job from the same data, and all give one verdict: the watch of the
+  node of rank 0 decides (``agree`` publishes its finding, and returns once every other watch took
+  it, or ``Timing.agree_wait`` passed: the store lives on that node's launcher); the others take it
+  as soon as it is published (``decided_elsewhere``), or give their own when none comes within
+  ``Timing.agree_wait`` (rank 0's node is gone).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from ..core.referee import TIMING
+from ..core.reports import RankReport
+from . import jobdir
+from .channel import Channel
+from .follow import JournalFile
+
+SERVE_EVERY = 0.02     # how often this node's ranks are published and their questions answered
+
+
+class Nodes:
+    """``channel``: the job's channel; ``local()``: the ``Followed`` ranks of this node, rank -> it;
+    ``ended(rank)``: how a local rank ended (its full report), or None while it runs."""
+
+    def __init__(self, channel: Channel, local: Callable[[], dict], ended: Callable[[int], RankReport | None]):
+        self.channel, self.local, self.ended = channel, local, ended
+        self._readers: dict[int, JournalFile] = {}
+        self._published_exits: set = set()
+        self._taken = False
+        channel.join()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="pytest-nccl-watch-relay", daemon=True)
+        self._thread.start()
+
+    @property
+    def decides(self) -> bool:
+        """This watch's node runs rank 0: its finding is the job's."""
+        return 0 in self.local()
+
+    def _serve(self) -> None:
+        first = True
+        while not self._stop.wait(SERVE_EVERY) and not self.channel.lost:
+            for rank, f in list(self.local().items()):
+                self._publish(rank, f)
+                for number, request in self.channel.questions(rank):
+                    self.channel.answer(rank, number, f.ask(request, TIMING.stacks_wait))
+            if first:
+                first = False
+                self.channel.synced()
+
+    def await_synced(self, others: int, deadline: float) -> None:
+        """Wait (until ``deadline``) for ``others`` other watches to have published what their nodes'
+        ranks wrote before they joined: a verdict judges the whole job, not what arrived so far."""
+        while (time.monotonic() < deadline and not self.channel.lost
+               and self.channel.synced_watches() < others + 1):
+            time.sleep(SERVE_EVERY)
+
+    def _publish(self, rank: int, f) -> None:
+        reader = self._readers.get(rank)
+        if reader is None:
+            reader = self._readers[rank] = JournalFile(jobdir.journal(f.source.directory, rank))
+        self.channel.push(rank, reader.read())
+        if rank not in self._published_exits:
+            report = self.ended(rank)
+            if report is not None:
+                self.channel.publish_exit(report)
+                self._published_exits.add(rank)
+
+    def decided_elsewhere(self):
+        """The deciding watch's finding once it is published (on another node than rank 0's)."""
+        if self.decides:
+            return None
+        finding = self.channel.verdict()
+        if finding is not None and not self._taken:
+            self._taken = True
+            self.channel.acknowledge()
+        return finding
+
+    def agree(self, finding):
+        """The job's finding: this one, published, on rank 0's node; else the deciding watch's."""
+        deadline = time.monotonic() + TIMING.agree_wait
+        if self.decides or self.channel.lost:
+            self.channel.publish_verdict(finding)
+            while (time.monotonic() < deadline and not self.channel.lost
+                   and self.channel.acknowledged() < self.channel.watches() - 1):
+                time.sleep(0.05)
+            return finding
+        while time.monotonic() < deadline and not self.channel.lost:
+            decided = self.decided_elsewhere()
+            if decided is not None:
+                return decided
+            time.sleep(0.05)
+        return finding
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=1.0)
+        for reader in self._readers.values():
+            reader.close()

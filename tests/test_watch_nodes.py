@@ -1,0 +1,231 @@
+"""pytest-nccl watch on several nodes: one watch per node, as srun or a cluster's scheduler runs it,
+each seeing the whole job through the job's own store. Proven on one host with two real torchrun
+"nodes" (static rendezvous, node 0's agent hosting the store), each under its own watch: every
+watch gives the same verdict, naming the slow or diverging rank on either node and its line. Also:
+the channel itself on a store fake, and a watch that cannot see the other node says so."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import assert_no_leftovers, line_of
+
+from pytest_nccl.core.agreement import Digest
+from pytest_nccl.core.reports import RankReport
+from pytest_nccl.core.states import RankState
+from pytest_nccl.watch.channel import KEEP_CHUNKS, Channel
+
+REPO = Path(__file__).resolve().parents[1]
+TIMEOUT = 6           # the watches' --timeout
+JOB_LIMIT = 120       # a run of two watches, whatever happens
+
+JOB = """
+import os, sys, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+case = sys.argv[1]
+last = world - 1                                        # a rank of the last node
+t = torch.ones(2)
+for step in range(1, 9):
+    time.sleep(0.5 if step < 6 else 0)                  # a job that trains a while, then fails
+    if case == "slow" and step == 6 and rank == last:
+        time.sleep(120)                                 # the slow rank
+    if case == "shape" and step == 6:
+        out = [torch.empty(3 if r == last else 2) for r in range(world)]
+        dist.all_gather(out, torch.ones(3 if rank == last else 2))   # the odd shape
+    dist.all_reduce(t)
+print(f"rank {rank} done", flush=True)
+dist.destroy_process_group()
+"""
+
+
+class FakeStore:
+    """torch's Store methods the channel uses, in a dict."""
+
+    def __init__(self):
+        self.data: dict[str, bytes] = {}
+
+    def set(self, key, value):
+        self.data[key] = value.encode() if isinstance(value, str) else bytes(value)
+
+    def get(self, key):
+        return self.data[key]
+
+    def check(self, keys):
+        return all(k in self.data for k in keys)
+
+    def add(self, key, n):
+        value = int(self.data.get(key, b"0")) + n
+        self.data[key] = str(value).encode()
+        return value
+
+    def delete_key(self, key):
+        return self.data.pop(key, None) is not None
+
+
+def test_journal_chunks_reach_the_other_watch_and_the_store_keeps_a_bounded_tail():
+    store = FakeStore()
+    mine, theirs = Channel(store, "job/0"), Channel(store, "job/0")
+    mine.push(3, b"E\t...\n")
+    count, data = theirs.pull(3, 0)
+    assert (count, data) == (1, b"E\t...\n")
+    for i in range(KEEP_CHUNKS + 10):
+        mine.push(3, b"%d\n" % i)
+    count, data = theirs.pull(3, 1)
+    assert count == KEEP_CHUNKS + 11
+    assert data.startswith(b"10\n") and data.endswith(b"%d\n" % (KEEP_CHUNKS + 9))  # the first 10 are gone
+    assert sum(key.startswith("pytest-nccl-watch/job/0/journal/3/") for key in store.data) == KEEP_CHUNKS + 1
+
+
+def test_exit_reports_progress_info_and_the_verdict_travel_whole():
+    store = FakeStore()
+    mine, theirs = Channel(store, "job/0"), Channel(store, "job/0")
+    report = RankReport(2, RankState.DEAD, signal_name="SIGABRT", stack="Fatal Python error: Aborted",
+                        digest={"default": Digest(1, 2)})
+    mine.publish_exit(report)
+    assert theirs.exit_report(2) == report and theirs.exit_report(1) is None
+    mine.publish_progress(2, (("0", 5, 4),))
+    assert theirs.progress(2) == (("0", 5, 4),)
+    mine.publish_info(2, {"rank": 2, "host": "node1"})
+    assert theirs.info(2) == {"rank": 2, "host": "node1"}
+    mine.publish_verdict({"headline": "x"})
+    assert theirs.verdict() == {"headline": "x"}
+    assert Channel(store, "job/1").verdict() is None  # another attempt of the launcher: other keys
+
+
+def test_a_question_for_a_rank_is_answered_by_its_node_s_watch():
+    import threading
+    store = FakeStore()
+    asking, owning = Channel(store, "j/0"), Channel(store, "j/0")
+
+    def serve():
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            for number, request in owning.questions(1):
+                owning.answer(1, number, {"stack": f"answer to {request}"})
+                return
+            time.sleep(0.01)
+    server = threading.Thread(target=serve)
+    server.start()
+    assert asking.ask(1, "dump", timeout=5) == {"stack": "answer to dump"}
+    server.join()
+    assert asking.ask(2, "dump", timeout=0.1) is None  # nobody answers for rank 2
+
+
+def test_a_store_that_went_away_makes_the_channel_lost_not_an_error():
+    class Gone(FakeStore):
+        def add(self, key, n):
+            raise RuntimeError("Connection reset by peer")
+    channel = Channel(Gone(), "j/0")
+    assert channel.pull(0, 0) == (0, b"") and channel.lost
+    assert channel.ask(0, "dump", 1.0) is None and channel.exit_report(0) is None
+    channel.push(0, b"x")  # no error either
+
+
+# -- real jobs: two torchrun nodes on one host, each under its own watch --------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(tag: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "PYTEST_NCCL_WATCH"))}
+    env.update(PYTEST_NCCL_TEST_TAG=tag, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
+               PYTHONPATH=str(REPO))
+    return env
+
+
+def run_nodes(tmp_path: Path, case: str, watched=(0, 1), nproc: int = 2) -> dict:
+    """Start node 0 and node 1 of one job (each a torchrun), each under its own watch when listed in
+    ``watched``; node -> (exit status, stderr, --json summary or None)."""
+    (tmp_path / "job.py").write_text(textwrap.dedent(JOB).lstrip("\n"))
+    port, tag = _free_port(), uuid.uuid4().hex
+    procs = {}
+    for node in (0, 1):
+        launch = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}",
+                  f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1", f"--master-port={port}", "job.py", case]
+        if node in watched:
+            launch = [sys.executable, "-m", "pytest_nccl", "watch", "--timeout", str(TIMEOUT),
+                      "--json", str(tmp_path / f"node{node}.json"), "--", *launch]
+        procs[node] = subprocess.Popen(launch, cwd=tmp_path, env=_env(tag), stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    out = {}
+    try:
+        for node, proc in procs.items():
+            _, err = proc.communicate(timeout=JOB_LIMIT)
+            path = tmp_path / f"node{node}.json"
+            out[node] = (proc.returncode, err, json.loads(path.read_text()) if path.exists() else None)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+    assert_no_leftovers(tag, wait=15.0)
+    return out
+
+
+def headline_of(stderr: str) -> str:
+    return next((line for line in stderr.splitlines() if "stalled (" in line or "diagnosed (" in line), "")
+
+
+@pytest.mark.timeout(JOB_LIMIT + 60)
+def test_a_slow_rank_on_the_other_node_is_named_by_both_watches(tmp_path):
+    """Rank 3 (node 1) sleeps before its sixth all_reduce: both watches, each launched on its own
+    node, give the same headline, naming rank 3 and its line, within --timeout + 10 s."""
+    t0 = time.monotonic()
+    out = run_nodes(tmp_path, "slow")
+    elapsed = time.monotonic() - t0
+    sleep_line = line_of(JOB, "time.sleep(120)")
+    for node, (code, err, summary) in out.items():
+        assert code == 3, f"node {node}:\n{err}"
+        assert summary["kind"] == "slow-rank" and summary["ranks"] == [3], (node, summary)
+        assert f"job.py:{sleep_line} (in <module>)" in summary["headline"], (node, summary["headline"])
+        assert "rank 3 is busy outside any collective" in summary["headline"], summary["headline"]
+        assert "ranks 0-2 waited 6 s (--timeout) with no progress in all_reduce #6" in summary["headline"]
+    assert out[0][2]["headline"] == out[1][2]["headline"], (out[0][2]["headline"], out[1][2]["headline"])
+    assert elapsed < TIMEOUT + 10 + 15, elapsed  # + 15: two interpreters start torch on a loaded 2-core host
+
+
+@pytest.mark.timeout(JOB_LIMIT + 60)
+def test_a_shape_mismatch_across_nodes_names_every_rank_s_shape(tmp_path):
+    out = run_nodes(tmp_path, "shape")
+    gather_line = line_of(JOB, "dist.all_gather(out")
+    for node, (code, err, summary) in out.items():
+        assert code == 3, f"node {node}:\n{err}"
+        assert summary["kind"] == "shape-mismatch", (node, summary)
+        assert summary["headline"].startswith("shape mismatch in all_gather #6 of group default: ranks 0-2 [2], "
+                                              "rank 3 [3]"), (node, summary["headline"])
+        assert f"job.py:{gather_line}" in summary["headline"]
+    assert out[0][2]["headline"] == out[1][2]["headline"]
+
+
+@pytest.mark.timeout(JOB_LIMIT + 60)
+def test_a_watch_alone_says_which_ranks_it_cannot_see(tmp_path):
+    """Node 1 runs without a watch: node 0's watch never claims that ranks 2,3 did not start."""
+    out = run_nodes(tmp_path, "slow", watched=(0,))
+    code, err, summary = out[0]
+    assert code == 3, err
+    assert summary["kind"] == "unseen-ranks", summary
+    assert summary["headline"].startswith(  # where ranks 0,1 wait now, not where ranks 2,3 were last seen
+        "ranks 2,3 cannot be seen by this watch (on another node); ranks 0,1 waited 6 s (--timeout) with no "
+        "progress in all_reduce #6 of group default"), summary["headline"]
+    assert "never created" not in err
+
+
+def test_a_clean_job_on_two_nodes_passes_through_untouched(tmp_path):
+    out = run_nodes(tmp_path, "clean", nproc=1)
+    for node, (code, err, summary) in out.items():
+        assert code == 0 and summary["verdict"] is False, f"node {node}:\n{err}"
