@@ -121,6 +121,25 @@ class Timing:
     # in sync before it judges, and for the verdict of the watch of rank 0's node (which collects
     # the stacks of every node's ranks first) before it gives its own
     agree_wait: float = 5.0
+    # -- the transports' own waits and polls (no rule reads them) ------------------------------------
+    join_poll: float = 0.5  # forked: how often a starting group reads its sockets and exits
+    dead_rank_drain: float = 0.05  # forked: a rank died before joining: for its exit status to come
+    faulthandler_wait: float = 0.2  # forked: SIGUSR1 sent: for faulthandler to write a stuck rank's stacks
+    exit_status_wait: float = 1.0  # forked: for the fork server to report a dead rank's exit status
+    flight_recorder_wait: float = 0.5  # forked: a Flight Recorder poll, for every rank's answer
+    store_poll_max: float = 0.05  # SPMD: slowest store polling interval (starts at 2 ms, doubles)
+    journal_push: float = 0.1  # SPMD: how often a running rank appends its journal to the store
+    verdict_margin: float = 30.0  # SPMD: a rank gives rank 0 this long past the bound before giving up
+    collect_wait: float = 600.0  # SPMD: for the other ranks to finish collecting (imports can be slow)
+    finish_wait: float = 120.0  # SPMD: at the end, for the other ranks to finish the session
+    group_wait_min: float = 30.0  # SPMD: for every rank to come to a (re-)created process group
+    fork_server_start: float = 300.0  # forked: the fork server imports torch and the test modules
+    status_every: float = 1.0  # watch: how often each rank's Flight Recorder progress is asked for
+    scan_every: float = 0.05  # watch: how often the directory is listed for ranks not seen yet
+    serve_every: float = 0.02  # watch, several nodes: how often this node's ranks are published
+    ask_poll: float = 0.02  # watch, several nodes: how often an asking watch looks for the answer
+    job_term_wait: float = 5.0  # watch: between SIGTERM and SIGKILL when the watch ends the job
+    orphan_kill_after: float = 10.0  # watch: a rank whose watch is gone: for its own handler
 
 
 TIMING = Timing()

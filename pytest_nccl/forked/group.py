@@ -112,7 +112,7 @@ class RankGroup:
             if left <= 0:
                 break
             waitables = [self._listener, *hello, self.zygote.conn]
-            for ready in wait(waitables, timeout=min(left, 0.5)):
+            for ready in wait(waitables, timeout=min(left, TIMING.join_poll)):
                 if ready is self._listener:
                     sock, _ = self._listener.accept()
                     hello[Connection(sock.detach())] = None
@@ -133,7 +133,7 @@ class RankGroup:
                         self.setup_errors[msg.rank] = msg.error
             if self._dead_ranks() - self.joined:
                 # a rank died before joining: the others will wait for it until the bound
-                time.sleep(0.05)
+                time.sleep(TIMING.dead_rank_drain)
                 self.zygote.drain()
                 break
         if len(self.joined) == self.world:
@@ -288,7 +288,7 @@ class RankGroup:
                 except OSError:
                     pass
         if silent:
-            time.sleep(0.2)
+            time.sleep(TIMING.faulthandler_wait)
             for rank in silent:
                 state.stacks[rank] = _read_from(self.stack_path(rank), 0)[-6000:]
 
@@ -301,7 +301,7 @@ class RankGroup:
 
     def _fill_exit_statuses(self, reports: dict) -> None:
         dead = [r for r, rep in reports.items() if rep.state == RankState.DEAD]
-        deadline = time.monotonic() + 1.0
+        deadline = time.monotonic() + TIMING.exit_status_wait
         while dead and time.monotonic() < deadline:
             self.zygote.drain()
             if all(self.pids.get(r) in self.zygote.exits for r in dead):
@@ -380,7 +380,7 @@ class _ForkedCallView:
 
     def flight_recorder_journals(self) -> dict | None:
         state = self.state
-        self.group._request_dumps(state, list(self.group.conns), 0.5)
+        self.group._request_dumps(state, list(self.group.conns), TIMING.flight_recorder_wait)
         if len(state.fr_json) != self.group.world:
             return None
         return self.group._journals(state.call, state.fr_json, state.since_ns)

@@ -23,9 +23,8 @@ from ..core.messages import (
     ZygoteConfig,
     ZygoteInfo,
 )
+from ..core.referee import TIMING
 from ..errors import RankSetupError
-
-ZYGOTE_START_TIMEOUT = 300.0  # importing torch and every test module (trl: 6-7 s) on a loaded host
 
 
 class Zygote:
@@ -55,7 +54,7 @@ class Zygote:
     def ready(self) -> "Zygote":
         """Wait until the fork server has imported torch and the preloaded modules."""
         if self.info is None:
-            self.info = self._reply(Ready, ZYGOTE_START_TIMEOUT).info
+            self.info = self._reply(Ready, TIMING.fork_server_start).info
             self._note(self.info)
         return self
 
@@ -114,7 +113,7 @@ class Zygote:
         """Wait for the answers to imports asked without waiting; their failures."""
         failures = []
         while self.pending_imports:
-            info = self._reply(Imported, ZYGOTE_START_TIMEOUT).info
+            info = self._reply(Imported, TIMING.fork_server_start).info
             self.pending_imports -= 1
             self._note(info)
             failures += info.failures

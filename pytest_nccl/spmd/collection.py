@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .store import COLLECT_WAIT
+from ..core.referee import TIMING
 
 
 def collection_difference(lists: dict, world: int, gone: list) -> str | None:
@@ -14,7 +14,7 @@ def collection_difference(lists: dict, world: int, gone: list) -> str | None:
     missing = [r for r in range(world) if r not in lists]
     if missing:
         return (f"{head}; {'ranks' if len(missing) > 1 else 'rank'} {','.join(map(str, missing))} did not finish "
-                f"collecting within {COLLECT_WAIT:g} s")
+                f"collecting within {TIMING.collect_wait:g} s")
     ref = lists[0].ids
     parts = []
     for r in range(1, world):

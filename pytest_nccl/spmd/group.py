@@ -19,7 +19,7 @@ import pytest
 from ..core.referee import TIMING
 from ..errors import RankSetupError
 from .release import abort_connections
-from .store import BYE, COLLECT_WAIT, DONE, FINISH_WAIT, GROUP_WAIT_MIN, LEFT, VERDICT_MARGIN, poll, safe_set
+from .store import BYE, DONE, LEFT, poll, safe_set
 
 if TYPE_CHECKING:  # torch is imported when a rank connects, not when pytest loads the plugin
     from torch.distributed import Store, TCPStore
@@ -50,7 +50,7 @@ class LaunchedGroup:
         rank 0 hosts it, as ``env://`` would. One client per thread that waits on it."""
         import torch.distributed as dist
         launch = self.launch
-        timeout = datetime.timedelta(seconds=COLLECT_WAIT)
+        timeout = datetime.timedelta(seconds=TIMING.collect_wait)
         host = launch.rank == 0 and not launch.agent_store
 
         def client(master: bool = False):
@@ -103,7 +103,7 @@ class LaunchedGroup:
             kwargs["device_id"] = torch.device("cuda", self.launch.local_rank)
         t0 = time.monotonic()
         try:
-            base.set_timeout(datetime.timedelta(seconds=max(GROUP_WAIT_MIN, bound)))
+            base.set_timeout(datetime.timedelta(seconds=max(TIMING.group_wait_min, bound)))
             dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.world,
                                     timeout=datetime.timedelta(seconds=want), **kwargs)
         except Exception as exc:
@@ -112,7 +112,7 @@ class LaunchedGroup:
                                  f"(generation {self.gen}): {type(exc).__name__}: {exc}") from None
         finally:
             try:
-                base.set_timeout(datetime.timedelta(seconds=COLLECT_WAIT))
+                base.set_timeout(datetime.timedelta(seconds=TIMING.collect_wait))
             except Exception:
                 pass
         self.need_group = False
@@ -158,7 +158,8 @@ class LaunchedGroup:
                  "this rank leaves once rank 0 has written its report")
         store = self._connected(self.wstore)
         run.leaving()  # the session's end, published now: this rank will not get there
-        poll(lambda: store.check([BYE]) or run.finished.is_set(), time.monotonic() + FINISH_WAIT + VERDICT_MARGIN)
+        poll(lambda: store.check([BYE]) or run.finished.is_set(),
+             time.monotonic() + TIMING.finish_wait + TIMING.verdict_margin)
         if run.finished.is_set():
             return  # the main thread came back after all
         safe_set(store, LEFT.format(self.rank), "1")
@@ -181,9 +182,9 @@ class LaunchedGroup:
                 waiting.difference_update({r for r in waiting if store.check([LEFT.format(r)])})
                 return not waiting
 
-            poll(everyone_left, time.monotonic() + FINISH_WAIT)
+            poll(everyone_left, time.monotonic() + TIMING.finish_wait)
         else:
-            poll(lambda: store.check([BYE]), time.monotonic() + FINISH_WAIT)
+            poll(lambda: store.check([BYE]), time.monotonic() + TIMING.finish_wait)
             self.set(LEFT.format(self.rank), "1")
 
     def wait_done(self, limit: float) -> dict:

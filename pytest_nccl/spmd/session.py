@@ -19,6 +19,7 @@ import pytest
 
 from ..core.agreement import Digest
 from ..core.messages import Collected, Verdict
+from ..core.referee import TIMING
 from ..core.reports import RankReport
 from ..errors import NcclUsageError, RankSetupError
 from ..session import item_budget
@@ -29,7 +30,7 @@ from .launch import Launch
 from .outcomes import body_outcome, setup_outcome
 from .quiet import silence
 from .signals import BoundReached, RankSignals
-from .store import COLLECT, COLLECT_WAIT, DONE, FINISH_WAIT, poll, safe_set
+from .store import COLLECT, DONE, poll, safe_set
 from .testrun import TestRun, read_fd
 from .verdicts import apply_verdict, setup_failure_report
 
@@ -177,7 +178,7 @@ class SpmdSession:
                     waiting.discard(r)
             return not waiting
 
-        poll(everyone_collected, time.monotonic() + COLLECT_WAIT)
+        poll(everyone_collected, time.monotonic() + TIMING.collect_wait)
         message = collection_difference(lists, self.world, sorted(gone))
         if message:
             if self.rank != 0:
@@ -238,7 +239,7 @@ class SpmdSession:
         self._publish_done()
         if self.rank != 0:
             return
-        done = self.group.wait_done(FINISH_WAIT)
+        done = self.group.wait_done(TIMING.finish_wait)
         mine = set(self.failed_here)
         for r, failed in sorted(done.items()):
             for nodeid in failed:

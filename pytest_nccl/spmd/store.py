@@ -14,12 +14,7 @@ from __future__ import annotations
 
 import time
 
-POLL_MAX = 0.05               # slowest store polling interval (starts at 2 ms, doubles)
-JOURNAL_PUSH = 0.1            # how often a running rank appends its journal to the store
-VERDICT_MARGIN = 30.0         # a rank gives rank 0 this long past the bound before giving up
-COLLECT_WAIT = 600.0          # for the other ranks to finish collecting (imports can be slow)
-FINISH_WAIT = 120.0           # at the end, for the other ranks to finish the session
-GROUP_WAIT_MIN = 30.0         # for every rank to come to a (re-)created process group
+from ..core.referee import TIMING
 
 COLLECT = "collect/{}"
 DONE = "end/done/{}"
@@ -66,7 +61,7 @@ class TestKeys:
         return self._k("verdict")
 
 
-def naps(limit: float = POLL_MAX):
+def naps(limit: float = TIMING.store_poll_max):
     """Polling intervals: 2 ms, doubling up to ``limit``."""
     interval = 0.002
     while True:

@@ -17,7 +17,7 @@ from ..core.reports import CallResult, RankReport
 from ..core.states import Kind, RankState
 from ..rank.stacks import THREAD_PREFIX, format_stacks
 from .decider import Decider
-from .store import JOURNAL_PUSH, VERDICT_MARGIN, TestKeys, poll
+from .store import TestKeys, poll
 
 
 def read_fd(path: str, offset: int = 0) -> bytes:
@@ -94,7 +94,7 @@ class TestRun:
         while not self.finished.is_set():
             now = time.monotonic()
             if now >= next_push:
-                next_push = now + JOURNAL_PUSH
+                next_push = now + TIMING.journal_push
                 data = read_fd(self.journal_path, pushed)
                 cut = data.rfind(b"\n") + 1  # whole lines only: the decider parses what it has
                 if cut:
@@ -126,7 +126,7 @@ class TestRun:
 
     def wait_verdict(self) -> Verdict:
         store = self.group.store
-        limit = self.bound + TIMING.snapshot_wait + TIMING.release_wait + VERDICT_MARGIN
+        limit = self.bound + TIMING.snapshot_wait + TIMING.release_wait + TIMING.verdict_margin
         if poll(lambda: store.check([self.keys.verdict]), time.monotonic() + limit):
             return pickle.loads(store.get(self.keys.verdict))
         return setup_verdict(f"pytest-nccl: rank {self.rank} got no verdict from rank 0 for {self.nodeid} "

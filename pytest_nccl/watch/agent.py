@@ -23,11 +23,10 @@ import socket
 import threading
 import time
 
+from ..core.referee import TIMING
 from ..rank import tracer
 from ..rank.stacks import THREAD_PREFIX, format_stacks
 from . import jobdir
-
-ORPHAN_KILL_AFTER = 10.0  # after our SIGTERM, for the script's own handler to finish
 
 
 def alive(pid: int) -> bool:
@@ -154,5 +153,5 @@ class Agent:
         except OSError:
             pass
         os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(ORPHAN_KILL_AFTER)
+        time.sleep(TIMING.orphan_kill_after)
         os.kill(os.getpid(), signal.SIGKILL)

@@ -33,11 +33,11 @@ import pickle
 import threading
 import time
 
+from ..core.referee import TIMING
 from ..core.reports import RankReport
 
 PREFIX = "pytest-nccl-watch"
 KEEP_CHUNKS = 64        # journal chunks kept per rank: about 3 s of journal at one chunk per tick
-ASK_POLL = 0.02         # how often an asking watch looks for the answer
 
 
 class Channel:
@@ -148,7 +148,7 @@ class Channel:
                     return json.loads(raw) if raw != b"null" else None
                 except ValueError:
                     return None
-            time.sleep(ASK_POLL)
+            time.sleep(TIMING.ask_poll)
         return None
 
     def questions(self, rank: int) -> list[tuple[int, str]]:

@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 
+from ..core.referee import TIMING
 from ..core.sites import headline_site
 from ..core.states import Reason
 from . import control, jobdir, present
@@ -50,7 +51,6 @@ from .outcome import (  # noqa: F401  (the statuses, named where they were)
 EXIT_USAGE = 2
 EXIT_CANNOT_EXECUTE = 126
 EXIT_NOT_FOUND = 127
-TERM_WAIT = 5.0            # between SIGTERM and SIGKILL when the watch ends the job
 PROG = "pytest-nccl watch"
 STARTUP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup")
 
@@ -234,7 +234,7 @@ class Watch:
         while True:
             if signals.got is not None:
                 say(f"{PROG}: got {signal.Signals(signals.got).name}: ending the job")
-                control.end(launcher, TERM_WAIT)
+                control.end(launcher, TIMING.job_term_wait)
                 return self._done(128 + signals.got, launcher.returncode)
             code = launcher.poll()
             now = time.monotonic()
@@ -273,8 +273,8 @@ class Watch:
             else:
                 if not self.args.quiet:
                     say(f"{PROG}: {finding.verdict.kind} diagnosed; ending the job (SIGTERM, "
-                        f"then SIGKILL after {TERM_WAIT:g} s)")
-                control.end(launcher, TERM_WAIT)
+                        f"then SIGKILL after {TIMING.job_term_wait:g} s)")
+                control.end(launcher, TIMING.job_term_wait)
                 self.ended_by_watch = True
                 self._report(finding)
                 self.finding = finding
@@ -287,7 +287,7 @@ class Watch:
             self.attempt_done = True
         elif monitor.referee is None and self._peers_never_appeared(now):
             say(f"{PROG}: {self.peers_missing}")
-            control.end(launcher, TERM_WAIT)
+            control.end(launcher, TIMING.job_term_wait)
             self.ended_by_watch = True
         return False
 

@@ -36,8 +36,6 @@ from .follow import Followed, LocalRank, RemoteRank, ask_all, fr_progress
 from .nodes import Nodes
 
 KEEP = 1000               # records of a group kept per rank (the window holds KEEP to 2 * KEEP)
-STATUS_EVERY = 1.0        # how often each rank's Flight Recorder progress is asked for
-SCAN_EVERY = 0.05         # how often the directory is listed for ranks not seen yet
 FATAL_SIGNALS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
                  "Floating point exception": "SIGFPE", "Illegal instruction": "SIGILL"}
 
@@ -121,7 +119,7 @@ class Monitor:
     # -- one tick ------------------------------------------------------------------------------------
     def poll(self, now: float) -> Reason | None:
         if now >= self._next_scan and (self.referee is None or len(self.ranks) < self.world):
-            self._next_scan = now + SCAN_EVERY
+            self._next_scan = now + TIMING.scan_every
             self._discover(now)
         if self.referee is None:
             return None
@@ -135,7 +133,7 @@ class Monitor:
         return reason
 
     def wake_at(self, now: float) -> float:
-        return self.referee.wake_at() if self.referee is not None else now + SCAN_EVERY
+        return self.referee.wake_at() if self.referee is not None else now + TIMING.scan_every
 
     def _discover(self, now: float) -> None:
         try:
@@ -282,7 +280,7 @@ class Monitor:
             self._referee().finished(f.rank, f.state, now)
 
     def _poll_status(self) -> None:
-        while not self._stop.wait(STATUS_EVERY):
+        while not self._stop.wait(TIMING.status_every):
             nodes = self.nodes
             for f in list(self.ranks.values()):
                 if f.state is not None:

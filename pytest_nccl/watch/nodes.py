@@ -23,8 +23,6 @@ from . import jobdir
 from .channel import Channel
 from .follow import JournalFile
 
-SERVE_EVERY = 0.02     # how often this node's ranks are published and their questions answered
-
 
 class Nodes:
     """``channel``: the job's channel; ``local()``: the ``Followed`` ranks of this node, rank -> it;
@@ -47,7 +45,7 @@ class Nodes:
 
     def _serve(self) -> None:
         first = True
-        while not self._stop.wait(SERVE_EVERY) and not self.channel.lost:
+        while not self._stop.wait(TIMING.serve_every) and not self.channel.lost:
             for rank, f in list(self.local().items()):
                 self._publish(rank, f)
                 for number, request in self.channel.questions(rank):
@@ -61,7 +59,7 @@ class Nodes:
         ranks wrote before they joined: a verdict judges the whole job, not what arrived so far."""
         while (time.monotonic() < deadline and not self.channel.lost
                and self.channel.synced_watches() < others + 1):
-            time.sleep(SERVE_EVERY)
+            time.sleep(TIMING.serve_every)
 
     def _publish(self, rank: int, f) -> None:
         reader = self._readers.get(rank)
