@@ -28,6 +28,9 @@ P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "send_object_list", "recv
                      "batch_isend_irecv"})
 
 ENTERED, COMPLETED, WAITING = "entered", "completed", "waiting"
+# A record's source: the Python tracer, the Flight Recorder (issued from C++), or a wait outside any
+# collective the tracer journaled (a store or a group being created, a store read: journal v3)
+PYTHON, FLIGHT_RECORDER, OUTSIDE = "python", "flight-recorder", "outside"
 
 # Ops with a root, and the name of the argument that sets it (always shown as a GLOBAL rank).
 ROOT_ARG = {"broadcast": "src", "scatter": "src", "broadcast_object_list": "src", "scatter_object_list": "src",
@@ -72,7 +75,7 @@ class CollectiveRecord:
     state: str = ENTERED    # entered (pending), waiting (in Work.wait), completed
     t_start: float = 0.0    # seconds since the call started
     duration: float | None = None
-    source: str = "python"  # python | flight-recorder (C++-issued: DDP reducer, functional collectives)
+    source: str = "python"  # python | flight-recorder (C++-issued: DDP's reducer) | outside (not a collective)
     fr_seq: int | None = None  # the process group's own sequence id (Flight Recorder's collective_seq_id)
     fr_seq_end: int | None = None  # last such id, for ops that run several (all_gather_object: two)
     # what every rank must agree on, besides op, shapes and dtype (journal format v2)
@@ -81,6 +84,7 @@ class CollectiveRecord:
     splits: str = ""        # SPLIT_OPS: "<sent to each group rank>/<expected from each>", e.g. "2,2/1,3"
     p2p: list = field(default_factory=list)  # P2P transfers of a point-to-point record
     group: str = ""         # the c10d group name ("0": the default group), for the Flight Recorder
+    detail: dict = field(default_factory=dict)  # OUTSIDE: store, n, r, role, name, key, joined (journal v3)
 
     @property
     def signature(self) -> tuple:
@@ -151,6 +155,8 @@ def label_ranks(pg: str) -> list[int] | None:
     if "[" not in pg or "]" not in pg:
         return None
     inside = pg[pg.find("[") + 1: pg.find("]")]
+    if ",+" in inside:  # "weights[0,+1]": a side group; its other members are not ranks of this world
+        inside = inside.split(",+", 1)[0]
     return parse_ranges(inside) if inside and "..." not in inside else None
 
 
@@ -198,12 +204,23 @@ class RankView:
         """The collective this rank sits in now (the last pending synchronous one, or the async one it
         waits on), or None when it is outside any collective."""
         for rec in reversed(self.records):
+            if rec.source == OUTSIDE:
+                continue
             if rec.state == WAITING or (rec.state == ENTERED and not rec.async_op):
                 return rec
         # issued from C++ (DDP's reducer): the Flight Recorder's last unfinished entry
         for rec in reversed(self.records):
             if rec.source == "flight-recorder":
                 return rec if rec.pending else None
+        return None
+
+    @property
+    def outside_wait(self) -> CollectiveRecord | None:
+        """The wait outside any collective this rank is in (a store or a group being created, a
+        store read), when it is in no collective."""
+        for rec in reversed(self.records):
+            if rec.source == OUTSIDE and rec.pending:
+                return rec if self.current is None else None
         return None
 
     @property
@@ -462,6 +479,13 @@ def stack_top(stack: str) -> str:
         return ""
     path, line, func, _ = frames[-1]
     return f"{short_path(path)}:{line} (in {func})"
+
+
+def stack_source(stack: str) -> str:
+    """The source line of the main thread's innermost frame outside pytest_nccl ("time.sleep(60)"):
+    what a rank outside any collective is doing there."""
+    frames = _user_frames(stack)
+    return frames[-1][3] if frames else ""
 
 
 def rendezvous_at(stack: str) -> str:
