@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .records import (P2P_OPS, SHAPE_MATCHED_OPS, SPLIT_OPS, CollectiveRecord, P2PIndex, RankState, RankView,
+from .records import (OUTSIDE, P2P_OPS, SHAPE_MATCHED_OPS, SPLIT_OPS, CollectiveRecord, P2PIndex, RankState, RankView,
                       group_base, headline_site, members_of, rank_ranges, rendezvous_at, short_path, short_site,
                       digests_agree, split_disagreement, stack_top, stuck_ranks)
+from .waits import busy_at, in_rendezvous, outside_text, running_state
 
 __all__ = ["Diagnosis", "Divergence", "diagnose", "first_divergence", "digests_agree", "members_of", "brief",
            "short_path", "short_site", "stack_top", "headline_site", "split_disagreement", "where"]
@@ -132,7 +133,7 @@ def first_divergence(ranks: list[RankView]) -> Divergence | None:
     world = len(views)
     place = {id(rec): i for v in views.values() for i, rec in enumerate(v.records)}
     groups = {rec.pg for v in views.values() for rec in v.records
-              if not (rec.pg.endswith(":p2p") or rec.op in P2P_OPS)}
+              if not (rec.pg.endswith(":p2p") or rec.op in P2P_OPS or rec.source == OUTSIDE)}
     found = []
     for pg in sorted(groups, key=_pg_order):
         members = [r for r in members_of(pg, world) if r in views]
@@ -191,7 +192,7 @@ def where(rec: CollectiveRecord, transfer=None) -> str:
     return f"{rec.op} #{rec.seq} of group {rec.pg}{origin}"
 
 
-def _state_of(view: RankView, pg: str) -> str:
+def _state_of(view: RankView, pg: str, views: dict | None = None, quote: bool = True) -> str:
     """Why this rank is not in the collective the others wait in."""
     count = len(view.records_in(pg))
     after = f"after {count} collective{'s' if count != 1 else ''} in group {pg}"
@@ -206,11 +207,13 @@ def _state_of(view: RankView, pg: str) -> str:
         return f"waits in {where(cur)} instead, {after}"
     if view.status == RankState.NOT_STARTED:
         return f"never started this test, {after}"
+    waiting = outside_text(view, views)
+    if waiting:  # the tracer saw it enter the wait: a store or a group being created, a store read
+        return f"{waiting}, {after}"
     rendezvous = rendezvous_at(view.stack)
     if rendezvous:
         return f"waits in a rendezvous at {rendezvous} that a member of the new group never joined, {after}"
-    top = stack_top(view.stack)
-    return f"is busy outside any collective{' at ' + top if top else ''}, {after}"
+    return f"{running_state(view, quote=quote) or 'is busy outside any collective'}, {after}"
 
 
 def _waiting_summary(views: list[RankView]) -> str:
@@ -220,6 +223,10 @@ def _waiting_summary(views: list[RankView]) -> str:
         if v.status == RankState.RUNNING and v.current is not None:
             at.setdefault(where(v.current), []).append(v.rank)
     parts = [f"{_rank_list(rs)} wait{'s' if len(rs) == 1 else ''} in {pos}" for pos, rs in list(at.items())[:2]]
+    by_rank = {v.rank: v for v in views}
+    outside = [(v.rank, outside_text(v, by_rank)) for v in views if v.status == RankState.RUNNING
+               and v.current is None and v.outside_wait is not None]
+    parts += [f"rank {r} {text}" for r, text in outside[:1]]
     return "".join("; " + p for p in parts)
 
 
@@ -271,8 +278,9 @@ def diagnose(ranks: list[RankView], reason: str, bound: float) -> Diagnosis | No
         busy = [v for v in running if v.current is None]
         if busy and inside:
             return _slow(busy, inside, bound)
-        tops = _grouped({v.rank: "at " + (stack_top(v.stack) or "unknown") for v in running}, 2)
-        return Diagnosis(TIMEOUT, f"the test exceeded its {bound:g} s bound outside any collective "
+        tops = _grouped({v.rank: busy_at(v, views) for v in running}, 2)
+        kind = RENDEZVOUS if any(in_rendezvous(v) for v in running) else TIMEOUT
+        return Diagnosis(kind, f"the test exceeded its {bound:g} s bound outside any collective "
                          f"({tops})", [v.rank for v in running])
     statuses = {v.status for v in ranks}
     if RankState.SKIPPED in statuses and len(statuses) > 1:
@@ -359,16 +367,19 @@ def _absent(div: Divergence, views: dict, reason: str, bound: float) -> Diagnosi
     rec = div.records[min(div.records)]
     absent = [views[r] for r in div.absent]
     first = _left_first(div, views)
-    state = _state_of(first, div.pg)
-    same = [v.rank for v in absent if _state_of(v, div.pg) == state]  # ranks 1,2 both left alike
+    state = _state_of(first, div.pg, views)
+    same = [v.rank for v in absent if _state_of(v, div.pg, views) == state]  # ranks 1,2 both left alike
     waiting = sorted(div.records)
     verb = "wait" if len(waiting) > 1 else "waits"
     if reason == "timeout" and first.status == RankState.RUNNING:
         verb = "waited" + f" for the whole {bound:g} s bound"
     headline = f"{_rank_list(same)} {state}; {_rank_list(waiting)} {verb} in {where(rec)}"
+    if len(headline) >= HEADLINE_WIDTH - len("slow rank: "):  # the source line it quotes goes first
+        headline = f"{_rank_list(same)} {_state_of(first, div.pg, views, quote=False)}; " \
+                   f"{_rank_list(waiting)} {verb} in {where(rec)}"
     others = [v for v in absent if v.rank not in same]
     if len(others) == 1:
-        headline += f"; also rank {others[0].rank} {_state_of(others[0], div.pg)}"
+        headline += f"; also rank {others[0].rank} {_state_of(others[0], div.pg, views)}"
     elif others:
         states = {"died" if v.status == RankState.DEAD else "raised" if v.status == RankState.FAILED else
                   "left the test" if v.finished else "are elsewhere" for v in others}
@@ -379,7 +390,7 @@ def _absent(div: Divergence, views: dict, reason: str, bound: float) -> Diagnosi
         kind = RAISED
     elif first.status == RankState.RUNNING:
         kind = GROUP_MISMATCH if first.current is not None else SLOW_RANK
-        if kind == SLOW_RANK and rendezvous_at(first.stack):
+        if kind == SLOW_RANK and (rendezvous_at(first.stack) or in_rendezvous(first)):
             kind = RENDEZVOUS
         elif kind == SLOW_RANK:
             headline = "slow rank: " + headline
@@ -390,7 +401,7 @@ def _absent(div: Divergence, views: dict, reason: str, bound: float) -> Diagnosi
 
 def _slow(busy: list[RankView], inside: list[RankView], bound: float) -> Diagnosis:
     rec = inside[0].current
-    tops = _grouped({v.rank: "at " + (stack_top(v.stack) or "unknown") for v in busy}, 2)
+    tops = _grouped({v.rank: busy_at(v) for v in busy}, 2)
     return Diagnosis(SLOW_RANK, f"slow rank: {_rank_list([v.rank for v in busy])} busy outside any "
                      f"collective ({tops}); {_rank_list([v.rank for v in inside])} waited for the whole "
                      f"{bound:g} s bound in {where(rec)}", [v.rank for v in busy], rec.pg, rec.seq)
