@@ -17,7 +17,11 @@ from .protocol import Status
 THREAD_PREFIX = "pytest-nccl-"      # our own threads (reader, watchdog, decider): never shown
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _TESTING_DIR = _PKG_DIR + "testing" + os.sep
-_TRACER = _PKG_DIR + "tracer.py"
+_TRACER = _PKG_DIR + "trace"  # tracer.py and the trace_*.py modules: their wrappers
+
+
+def _is_tracer(path: str) -> bool:
+    return path.startswith(_TRACER) and os.sep not in path[len(_TRACER):]
 
 
 def _harness_dirs() -> tuple:
@@ -68,7 +72,7 @@ def format_stacks(cut_main_to_user: bool = False) -> str:
         frames = traceback.extract_stack(frame)
         if ident == main and cut_main_to_user:
             frames = user_frames(frames)
-        frames = [f for f in frames if f.filename != _TRACER]
+        frames = [f for f in frames if not _is_tracer(f.filename)]
         parts.append(f"Thread {name}:\n" + "".join(traceback.format_list(frames)))
     return "\n".join(parts)
 
@@ -79,7 +83,7 @@ def format_exception(exc: BaseException, drop: tuple = (), cut_to_user: bool = F
     frames = traceback.extract_tb(exc.__traceback__)
     if cut_to_user:
         frames = user_frames(frames)
-    frames = [f for f in frames if f.filename != _TRACER and f.filename not in drop]
+    frames = [f for f in frames if not _is_tracer(f.filename) and f.filename not in drop]
     return "".join(["Traceback (most recent call last):\n", *traceback.format_list(frames),
                     *traceback.format_exception_only(type(exc), exc)])
 

@@ -4,8 +4,11 @@ Installed once in the fork server, before any library is imported, so that libra
 ``from torch.distributed import all_gather`` at import time get the traced function too. Each call
 (one test body on a rank) gets a fresh journal; outside a call the wrappers cost one global lookup.
 
-What Python-level interception cannot see (DDP's C++ reducer, functional collectives under FSDP2 and
-DTensor) the Flight Recorder records; the controller merges both (see ``group.py``).
+This module wraps the c10d functions (``dist.all_reduce``, ...) and ``Work.wait``; ``install`` also
+installs the tracers of functional collectives (DTensor, FSDP2's state dicts, compiled graphs:
+``trace_functional.py``), of ProcessGroup objects and side groups (``trace_groups.py``), and of
+stores and groups being created (``trace_rendezvous.py``). What none of them sees (DDP's C++
+reducer) the Flight Recorder records; the controller merges both (see ``flight.py``).
 """
 
 from __future__ import annotations
@@ -13,16 +16,16 @@ from __future__ import annotations
 import inspect
 import os
 import sys
-import time
 import zlib
-from time import perf_counter
+from time import perf_counter, perf_counter_ns
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from .journal import JournalWriter
-from .records import P2P_OPS, REDUCING_OPS, ROOT_ARG, SHAPE_MATCHED_OPS, SPLIT_OPS, rank_ranges
+from . import trace_core as core
+from .records import P2P_OPS, REDUCING_OPS, ROOT_ARG, SHAPE_MATCHED_OPS, SPLIT_OPS
+from .trace_core import _label_ranks, call_site, describe, local, pg_label  # noqa: F401 (the tracer's API)
 
 # For each op: the parameter holding the tensor(s) this rank contributes (what must agree across
 # ranks). Group and async_op positions are read from the real signature at install time, so the
@@ -45,121 +48,6 @@ ALWAYS_ASYNC = frozenset({"isend", "irecv", "batch_isend_irecv"})
 COMPOSITE = frozenset({"all_gather_object", "broadcast_object_list", "gather_object",
                        "scatter_object_list", "send_object_list", "recv_object_list",
                        "all_gather_coalesced", "all_reduce_coalesced", "monitored_barrier"})
-
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_TESTING_DIR = _PKG_DIR + "testing" + os.sep
-# Thin communication shims whose frames say nothing about who issued the collective.
-_SHIM_MARKERS = (os.sep + "deepspeed" + os.sep + "comm" + os.sep,
-                 os.sep + os.path.join("deepspeed", "utils", "nvtx.py"),  # instrument_w_nvtx
-                 os.sep + "_pytest" + os.sep, os.sep + "pluggy" + os.sep)  # SPMD mode: above the test body
-SITE_DEPTH = 4  # distinct files in a call site chain
-
-_internal_code: dict = {}
-_site_text: dict = {}  # (code, instruction offset) chain -> "file:line <- file:line"
-_pg_labels: dict = {}
-_label_owners: dict = {}  # label -> the group that has it in this call: the first one used keeps the name
-
-
-class _CallTrace:
-    """The trace of one call on this rank."""
-
-    __slots__ = ("writer", "fd", "t0", "seq", "digest", "splits", "depth", "async_pending", "default_pg")
-
-    def __init__(self, journal_path: str):
-        self.writer = JournalWriter(journal_path)
-        self.fd = self.writer.fd  # the hot path writes lines itself (journal.py documents the format)
-        self.default_pg = c10d._get_default_group()
-        self.t0 = time.perf_counter()
-        self.seq: dict[str, int] = {}
-        self.digest: dict[str, int] = {}
-        self.splits: dict[str, list] = {}   # pg -> [(seq, "sent/expected")] of its all_to_alls
-        self.depth = 0
-        self.async_pending: dict[int, tuple] = {}
-
-
-_active: _CallTrace | None = None
-
-
-def _is_internal(code) -> bool:
-    internal = _internal_code.get(code)
-    if internal is None:
-        fn = code.co_filename
-        internal = (fn.startswith(_TORCH_DIR) or (fn.startswith(_PKG_DIR) and not fn.startswith(_TESTING_DIR))
-                    or fn.startswith("<") or any(m in fn for m in _SHIM_MARKERS))
-        _internal_code[code] = internal
-    return internal
-
-
-def call_site(frame) -> str:
-    """First frames outside torch and pytest_nccl, one per distinct file, innermost first.
-
-    The walk only reads code objects and instruction offsets; the text (which needs each frame's
-    line number, decoded from the code's line table) is built once per distinct chain and cached:
-    a training loop issues the same few call sites thousands of times."""
-    key = []
-    last_file = None
-    while frame is not None and len(key) < SITE_DEPTH:
-        code = frame.f_code
-        internal = _internal_code.get(code)
-        if internal is None:
-            internal = _is_internal(code)
-        if not internal and code.co_filename != last_file:
-            last_file = code.co_filename
-            key.append((code, frame.f_lasti, frame))
-        frame = frame.f_back
-    cache_key = tuple((c, i) for c, i, _ in key)
-    text = _site_text.get(cache_key)
-    if text is None:
-        text = " <- ".join(f"{c.co_filename}:{f.f_lineno}" for c, _, f in key)
-        if len(_site_text) < 100_000:
-            _site_text[cache_key] = text
-    return text
-
-
-MAX_LABEL_RANKS = 48  # characters of the ranks shown in a label; longer: "..." (members unknown)
-_NAMELESS = ("", "undefined", "default_pg")
-
-
-def _label_ranks(ranks: list) -> str:
-    if ranks == sorted(ranks):
-        shown = rank_ranges(ranks)
-        if len(shown) > MAX_LABEL_RANKS and len(ranks) > 2:
-            step = ranks[1] - ranks[0]
-            if step > 0 and all(b - a == step for a, b in zip(ranks, ranks[1:])):
-                shown = f"{ranks[0]}-{ranks[-1]}:{step}"
-    else:
-        shown = ",".join(map(str, ranks))  # new_group(sort_ranks=False): group rank order
-    return shown if len(shown) <= MAX_LABEL_RANKS else shown[:MAX_LABEL_RANKS].rsplit(",", 1)[0] + ",..."
-
-
-def pg_label(group) -> tuple[str, str]:
-    """(label, c10d group name) of a process group, the same on every member rank. The label is the
-    user's name for the group with its ranks: a DeviceMesh dimension ("tp[2,3]"), the description
-    given to ``new_group(..., group_desc=...)``, else the c10d name ("pg4[2,3]")."""
-    if group is None or group is c10d.GroupMember.WORLD:
-        return "default", ""
-    found = _pg_labels.get(id(group))
-    if found is None:
-        name = str(getattr(group, "group_name", "?"))
-        try:
-            desc = str(getattr(group, "group_desc", "") or "")
-        except Exception:
-            desc = ""
-        if desc.startswith("mesh_") and desc != "mesh_default":
-            desc = desc[5:]
-        desc = "".join(c for c in desc if c.isalnum() or c in "_.-:")
-        base = f"pg{name}" if desc in _NAMELESS or desc == "default" else desc
-        try:
-            label = f"{base}[{_label_ranks(dist.get_process_group_ranks(group))}]"
-        except Exception:
-            label = base
-        if label in _label_owners:  # another group of this call has that name and ranks (a second mesh)
-            label = f"{base}.pg{name}{label[len(base):]}"
-        _label_owners[label] = id(group)
-        found = _pg_labels[id(group)] = (label, name)
-    return found
-
 
 _red_names: dict = {}
 
@@ -263,17 +151,28 @@ def _arguments(name: str, params: list):
     return None
 
 
-def _describe(value) -> tuple[str, str]:
-    """(shapes, dtype) of a tensor or a list of tensors, compact."""
-    if isinstance(value, torch.Tensor):
-        return str(list(value.shape)), str(value.dtype)[6:]
-    if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
-        shapes = [list(t.shape) for t in value]
-        dtype = str(value[0].dtype)[6:]
-        if all(s == shapes[0] for s in shapes):
-            return f"{shapes[0]}x{len(shapes)}", dtype
-        return ";".join(map(str, shapes[:4])) + (";..." if len(shapes) > 4 else ""), dtype
-    return "", ""
+_ABSENT = 1 << 30  # the position of a parameter the op does not have: never within args
+# An E line (journal.py) from its start ("E\t<label>\t"), seq, "\t<op>\t<async>\t", time in ns,
+# "<shapes>\t<dtype>", fr_seq, site and <args>: bytes formatting, the cheapest per collective.
+E_LINE = b"%b%d%b%de-9\t%b\t%d\t%b\t%b\n"
+
+
+def _memo_params(name: str) -> list | None:
+    """The parameters whose values decide an op's <args> text, when they can key a memo (hashable
+    scalars: a reduce op, a root, a peer, a tag); None for ops whose <args> come from lists."""
+    if name in SPLIT_OPS or name == "batch_isend_irecv":
+        return None
+    if name == "reduce":
+        return ["op", "dst", "group_dst"]
+    if name in REDUCING_OPS:
+        return ["op"]
+    if name in ROOT_ARG:
+        return [ROOT_ARG[name], "group_" + ROOT_ARG[name]]
+    if name in ("send", "isend", "send_object_list"):
+        return ["dst", "group_dst", "tag"]
+    if name in ("recv", "irecv", "recv_object_list"):
+        return ["src", "group_src", "tag"]
+    return []
 
 
 def _wrap(name: str, fn):
@@ -282,76 +181,127 @@ def _wrap(name: str, fn):
     except (TypeError, ValueError):
         return fn
     tensor_name = CONTRIBUTED.get(name)
-    tensor_pos = params.index(tensor_name) if tensor_name in params else -1
-    group_pos = params.index("group") if "group" in params else -1
-    async_pos = params.index("async_op") if "async_op" in params else -1
+    tensor_pos = params.index(tensor_name) if tensor_name in params else _ABSENT
+    group_pos = params.index("group") if "group" in params else _ABSENT
+    async_pos = params.index("async_op") if "async_op" in params else _ABSENT
     p2p = name in P2P_OPS
     shape_matched = name in SHAPE_MATCHED_OPS
     always_async = name in ALWAYS_ASYNC
     composite = name in COMPOSITE
     split = name in SPLIT_OPS
+    batch = name == "batch_isend_irecv"
     arguments = _arguments(name, params)
+    keyed = _memo_params(name)
+    memo_at = [(params.index(p) if p in params else _ABSENT, p) for p in keyed or ()]
+    one_key = len(memo_at) == 1
+    key_pos, key_name = memo_at[0] if one_key else (_ABSENT, "")
+    # (group, shape, dtype, the arguments above) -> ("shapes\tdtype", "<args> g=name", digest bytes)
+    memo: dict = {}
+    Tensor = torch.Tensor
+    crc32 = zlib.crc32
+    write = os.write
+    getframe = sys._getframe
+    site_of = core.site_of
+    mid_sync, mid_async = f"\t{name}\t0\t".encode(), f"\t{name}\t1\t".encode()
+    c_line = core.C_LINE
+    e_line_after_c = c_line + E_LINE
 
-    def traced(*args, **kwargs):
-        trace = _active
-        if trace is None or trace.depth:
-            return fn(*args, **kwargs)
-        if name == "batch_isend_irecv":
-            group = getattr(args[0][0], "group", None) if args and args[0] else None
-        else:
-            group = args[group_pos] if 0 <= group_pos < len(args) else kwargs.get("group")
-        if always_async:
-            async_op = True
-        else:
-            async_op = bool(args[async_pos] if 0 <= async_pos < len(args) else kwargs.get("async_op", False))
-        if tensor_pos >= 0:
-            shapes, dtype = _describe(args[tensor_pos] if tensor_pos < len(args) else kwargs.get(tensor_name))
-        else:
-            shapes, dtype = "", ""
-        pg, gname = pg_label(group)
+    def describe_call(g, value, args, kwargs, group):
+        """What the E line says of this call besides its position, and what goes into the digest."""
+        shapes, dtype = describe(value)
         extra = ""
         if arguments is not None:
             try:
                 extra = arguments(args, kwargs, group)
             except Exception:  # the op itself will say what is wrong with its arguments
                 extra = ""
-        if p2p:
-            pg += ":p2p"  # point-to-point: numbered apart, matched as pairs (diagnose.py)
-        seq = trace.seq.get(pg, 0) + 1
-        trace.seq[pg] = seq
-        if split:
-            trace.splits.setdefault(pg, []).append((seq, extra[6:]))  # consistency, not equality
-        elif not p2p:
-            sig = f"{name} {shapes} {dtype} {extra}" if shape_matched else f"{name} {extra}"
-            trace.digest[pg] = zlib.crc32(sig.encode(), trace.digest.get(pg, 0))
-        if gname:
-            extra = f"{extra} g={gname}" if extra else "g=" + gname
+        data = None
+        if not p2p and not split:  # what every member must agree on (journal.py's signature)
+            data = (f"{name} {shapes} {dtype} {extra}" if shape_matched else f"{name} {extra}").encode()
+        with_group = f"{extra} {g.g_arg}" if extra and g.g_arg else extra or g.g_arg
+        return f"{shapes}\t{dtype}".encode(), with_group.encode(), data, extra
+
+    def traced(*args, **kwargs):
+        trace = core.active
+        if trace is None or local.inside:
+            return fn(*args, **kwargs)
+        n = len(args)
+        if batch:
+            group = getattr(args[0][0], "group", None) if args and args[0] else None
+        else:
+            group = args[group_pos] if group_pos < n else kwargs.get("group")
+        g = trace.by_id.get(id(group))
+        if g is None:
+            g = core.group_trace(trace, group)
+        if always_async:
+            async_op = True
+        else:
+            async_op = bool(args[async_pos] if async_pos < n else kwargs.get("async_op", False))
+        value = None if tensor_pos == _ABSENT else args[tensor_pos] if tensor_pos < n else kwargs.get(tensor_name)
+        found = key = None
+        if keyed is not None and (value is None or type(value) is Tensor):
+            if value is not None:
+                key = (g, value.shape, value.dtype,
+                       (args[key_pos] if key_pos < n else kwargs.get(key_name)) if one_key else
+                       tuple(args[p] if p < n else kwargs.get(k) for p, k in memo_at))
+            else:
+                key = (g, tuple(args[p] if p < n else kwargs.get(k) for p, k in memo_at))
+            try:
+                found = memo.get(key)
+            except TypeError:  # an argument that cannot key a memo (a custom ReduceOp)
+                key = None
+        if found is None:
+            found = describe_call(g, value, args, kwargs, group)
+            if key is not None and len(memo) < 10_000:
+                memo[key] = found
+        described, extra, data, plain = found
+        if p2p:  # point-to-point: numbered apart, matched as pairs (diagnose.py)
+            g.p2p_seq = seq = g.p2p_seq + 1
+            label, e_line, c_start = g.p2p_label, g.p2p_e_line, g.p2p_c_line
+        else:
+            g.seq = seq = g.seq + 1
+            label, e_line, c_start = g.label, g.e_line, g.c_line
+            if data is not None:
+                g.digest = crc32(data, g.digest)
+            else:  # split sizes: consistency across ranks, not equality (records.digests_agree)
+                if g.splits is None:
+                    g.splits = []
+                g.splits.append((seq, plain[6:]))
         try:
-            fr_seq = (trace.default_pg if group is None else group)._get_sequence_number_for_group() + 1
+            fr_seq = g.pg._get_sequence_number_for_group() + 1
         except Exception:
-            fr_seq = ""
+            fr_seq = None
+        now = perf_counter_ns() - trace.t0_ns
+        site = site_of(trace, getframe(1))
+        pending = trace.pending
+        if fr_seq is None:  # a group without sequence numbers: the field stays empty
+            line = core.take_pending(trace) + (E_LINE.replace(b"%d\t%b\t%b\n", b"%b\t%b\t%b\n") % (
+                e_line, seq, mid_async if async_op else mid_sync, now, described, b"", site, extra))
+        elif pending is trace.flushed:
+            line = E_LINE % (e_line, seq, mid_async if async_op else mid_sync, now, described, fr_seq, site, extra)
+        else:  # the previous collective's C line goes first, in the same write
+            trace.flushed = pending
+            line = e_line_after_c % (*pending, e_line, seq, mid_async if async_op else mid_sync, now, described,
+                                     fr_seq, site, extra)
         # one write, before entering: what survives a SIGABRT inside the collective
-        os.write(trace.fd, (f"E\t{pg}\t{seq}\t{name}\t{1 if async_op else 0}\t"
-                            f"{perf_counter() - trace.t0:.6f}\t{shapes}\t{dtype}\t{fr_seq}\t"
-                            f"{call_site(sys._getframe(1))}\t{extra}\n").encode())
-        trace.depth += 1
+        write(trace.fd, line)
+        local.inside = True
         try:
             result = fn(*args, **kwargs)
         finally:
-            trace.depth -= 1
+            local.inside = False
         if async_op and result is not None:
             if isinstance(result, list):  # batch_isend_irecv: one Work per transfer, or one for all
-                n = len(args[0]) if args else 0
+                count = len(args[0]) if args else 0
                 for i, work in enumerate(result):
-                    trace.async_pending[id(work)] = (work, pg, seq, i if len(result) == n > 1 else -1)
+                    trace.async_pending[id(work)] = (work, label, seq, i if len(result) == count > 1 else -1)
             else:
-                trace.async_pending[id(result)] = (result, pg, seq, -1)
-        else:
-            os.write(trace.fd, f"C\t{pg}\t{seq}\t{perf_counter() - trace.t0:.6f}\n".encode())
+                trace.async_pending[id(result)] = (result, label, seq, -1)
+        else:  # written with the next line, or by the flusher thread (trace_core.FLUSH_EVERY)
+            trace.pending = (c_start, seq, perf_counter_ns() - trace.t0_ns)
         if composite:
             try:
-                end = (trace.default_pg if group is None else group)._get_sequence_number_for_group()
-                os.write(trace.fd, f"R\t{pg}\t{seq}\t{end}\n".encode())
+                write(trace.fd, f"R\t{label}\t{seq}\t{g.pg._get_sequence_number_for_group()}\n".encode())
             except Exception:
                 pass
         return result
@@ -369,20 +319,21 @@ _orig_wait = None
 
 
 def _traced_wait(self, *args, **kwargs):
-    trace = _active
+    trace = core.active
     entry = trace.async_pending.pop(id(self), None) if trace is not None else None
     if entry is None:
         return _orig_wait(self, *args, **kwargs)
-    _, pg, seq, index = entry
-    trace.writer.waiting(pg, seq, time.perf_counter() - trace.t0, index)
+    _, label, seq, index = entry
+    trace.writer.waiting(label, seq, perf_counter() - trace.t0, index)
     result = _orig_wait(self, *args, **kwargs)
-    trace.writer.completed(pg, seq, time.perf_counter() - trace.t0, index)
+    trace.writer.completed(label, seq, perf_counter() - trace.t0, index)
     return result
 
 
 def install() -> None:
     """Patch the collectives in ``torch.distributed`` and ``distributed_c10d`` (where internal calls
-    such as all_gather_object -> all_gather resolve), and ``Work.wait`` for async completion."""
+    such as all_gather_object -> all_gather resolve), ``Work.wait`` for async completion, and install
+    the tracers of functional collectives, ProcessGroup objects and rendezvous."""
     global _installed, _orig_wait
     if _installed:
         return
@@ -396,14 +347,19 @@ def install() -> None:
             setattr(dist, name, traced)
     _orig_wait = dist.Work.wait
     dist.Work.wait = _traced_wait
+    from . import trace_functional, trace_groups, trace_rendezvous
+    trace_functional.install()
+    trace_groups.install()
+    trace_rendezvous.install()
     _installed = True
 
 
 def start(journal_path: str) -> None:
-    global _active
-    _pg_labels.clear()
-    _label_owners.clear()
-    _active = _CallTrace(journal_path)
+    """A fresh journal for one call. Frames from the caller down (the rank loop) are the harness:
+    call sites stop there."""
+    core.mark_boundary(sys._getframe(1).f_code)
+    core.start_flusher()
+    core.active = core.CallTrace(journal_path)
 
 
 def stop() -> tuple[dict[str, tuple], int]:
@@ -411,34 +367,38 @@ def stop() -> tuple[dict[str, tuple], int]:
     op, shapes, dtype, reduce op, root), plus the split sizes of its all_to_alls where it ran any
     (``(seq, "sent/expected")`` each), which the controller compares across ranks without reading
     the journals (``diagnose.digests_agree``); and how many async collectives are still in flight."""
-    global _active
-    trace = _active
+    trace = core.active
     if trace is None:
         return {}, 0
-    _active = None
-    now = time.perf_counter() - trace.t0
+    core.active = None
+    now = perf_counter() - trace.t0
     dangling = 0
-    for work, pg, seq, index in trace.async_pending.values():
+    for work, label, seq, index in trace.async_pending.values():
         try:
             if work.is_completed():
-                trace.writer.completed(pg, seq, now, index)
+                trace.writer.completed(label, seq, now, index)
             else:
                 dangling += 1
         except Exception:
             pass
-    trace.writer.close()
-    counts = {pg: n for pg, n in trace.seq.items() if not pg.endswith(":p2p")}
+    # functional collectives nobody waited on: the backend ran them; the rank is out of the test
+    for _, entry in trace.functional.values():
+        if entry[2] is not None:
+            trace.writer.completed(entry[0], entry[1], now)
+            entry[2] = None
+    core.close(trace)
     digests = {}
-    for pg, n in counts.items():
-        splits = trace.splits.get(pg)
-        digests[pg] = (n, trace.digest.get(pg, 0), tuple(splits)) if splits else (n, trace.digest.get(pg, 0))
+    for g in trace.by_label.values():
+        if g.seq:
+            digests[g.label] = (g.seq, g.digest, tuple(g.splits)) if g.splits else (g.seq, g.digest)
     return digests, dangling
 
 
 def journal_fd() -> int:
     """The descriptor the running trace writes its journal to, or -1: ``pytest-nccl watch`` bounds a
     long job's journal by pointing it at a fresh file (``os.dup2``), keeping the last segment."""
-    return _active.fd if _active is not None else -1
+    trace = core.active
+    return trace.fd if trace is not None else -1
 
 
 def flight_recorder_json() -> str | None:

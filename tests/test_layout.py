@@ -10,11 +10,12 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "pytest_nccl"
 # What every forked rank imports: small, fast to load, nothing of the controller side.
 RANK_SIDE = {"rank", "tracer", "journal", "protocol", "stacks", "zygote", "records", "errors",
+             "trace_core", "trace_functional", "trace_groups", "trace_rendezvous",
              # pytest-nccl watch: the start-up hook every process of a watched job runs
              "watch", "watch.startup", "watch.startup.sitecustomize", "watch.inject", "watch.agent",
              "watch.jobdir"}
 # Pure: tested on data with a fake clock; no torch, no processes, no sockets.
-PURE = {"referee", "diagnose", "records", "flight", "settings", "timeline", "swimlane", "swimlane_page",
+PURE = {"referee", "diagnose", "records", "waits", "flight", "settings", "timeline", "swimlane", "swimlane_page",
         "bisect.matrix", "bisect.matrix_findings", "bisect.matrix_render"}
 PURE_FORBIDDEN = {"torch", "subprocess", "socket", "multiprocessing", "threading", "signal"}
 MAX_LINES = 520
