@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from .records import (OUTSIDE, P2P_OPS, SHAPE_MATCHED_OPS, SPLIT_OPS, CollectiveRecord, P2PIndex, RankState, RankView,
                       group_base, headline_site, members_of, rank_ranges, rendezvous_at, short_path, short_site,
                       digests_agree, split_disagreement, stack_top, stuck_ranks)
-from .waits import busy_at, in_rendezvous, outside_text, running_state
+from .waits import FULL, NO_FUNCTION, busy_at, in_rendezvous, outside_text, running_state
 
 __all__ = ["Diagnosis", "Divergence", "diagnose", "first_divergence", "digests_agree", "members_of", "brief",
            "short_path", "short_site", "stack_top", "headline_site", "split_disagreement", "where"]
@@ -65,6 +65,11 @@ def gloo_disagreement(text: str) -> tuple[str, str] | None:
             if said in line:
                 return kind, said
     return None
+
+
+def _seconds(bound: float) -> str:
+    """A bound as a headline says it: '60', '24.9' (a bound left over from pytest-timeout's budget)."""
+    return f"{bound:.0f}" if bound >= 100 or float(bound).is_integer() else f"{bound:.3g}"
 
 
 def brief(message: str, limit: int = 100) -> str:
@@ -192,7 +197,7 @@ def where(rec: CollectiveRecord, transfer=None) -> str:
     return f"{rec.op} #{rec.seq} of group {rec.pg}{origin}"
 
 
-def _state_of(view: RankView, pg: str, views: dict | None = None, quote: bool = True) -> str:
+def _state_of(view: RankView, pg: str, views: dict | None = None, quote: int = FULL) -> str:
     """Why this rank is not in the collective the others wait in."""
     count = len(view.records_in(pg))
     after = f"after {count} collective{'s' if count != 1 else ''} in group {pg}"
@@ -273,14 +278,14 @@ def diagnose(ranks: list[RankView], reason: str, bound: float) -> Diagnosis | No
             rec = inside[0].current
             every = "every rank is" if len(running) == len(ranks) else f"{_rank_list([v.rank for v in running])} are"
             return Diagnosis(HANG, f"{every} inside {where(rec)} and none completed within the "
-                             f"{bound:g} s bound (a transport or peer problem: all ranks entered it)",
+                             f"{_seconds(bound)} s bound (a transport or peer problem: all ranks entered it)",
                              [v.rank for v in running], rec.pg, rec.seq)
         busy = [v for v in running if v.current is None]
         if busy and inside:
             return _slow(busy, inside, bound)
         tops = _grouped({v.rank: busy_at(v, views) for v in running}, 2)
         kind = RENDEZVOUS if any(in_rendezvous(v) for v in running) else TIMEOUT
-        return Diagnosis(kind, f"the test exceeded its {bound:g} s bound outside any collective "
+        return Diagnosis(kind, f"the test exceeded its {_seconds(bound)} s bound outside any collective "
                          f"({tops})", [v.rank for v in running])
     statuses = {v.status for v in ranks}
     if RankState.SKIPPED in statuses and len(statuses) > 1:
@@ -332,7 +337,7 @@ def _mismatch(div: Divergence, ranks: list[RankView]) -> Diagnosis:
         what = f"{name} mismatch in {first.op} {pos}: {_grouped({r: value(rec) for r, rec in recs.items()})}"
     site = headline_site(first.site)
     if site:
-        what += f" (from {site})"
+        what += f" (from {site}{_other_sites(recs, site)})"
     views = {v.rank: v for v in ranks}
     died = any(views[r].status == RankState.DEAD for r in recs)
     consequences = [_consequence(views[r]) for r in recs if views[r].status == RankState.DEAD or (
@@ -351,6 +356,18 @@ def _mismatch(div: Divergence, ranks: list[RankView]) -> Diagnosis:
             values.setdefault(rec.signature, []).append(r)
         odd = min(values.values(), key=len) if len(values) > 1 else []
     return Diagnosis(div.kind, what, sorted(odd), div.pg, div.seq, div)
+
+
+def _other_sites(recs: dict, first_site: str) -> str:
+    """'; rank 3 from b.py:22' when ranks issued the diverging collective from other lines than the
+    first rank did (a rank running one more micro-batch than the others): each such line, once."""
+    by_site: dict[str, list[int]] = {}
+    for r, rec in recs.items():
+        other = headline_site(rec.site)
+        if other and other != first_site:
+            by_site.setdefault(other, []).append(r)
+    parts = [f"{_rank_list(rs)} from {s}" for s, rs in list(by_site.items())[:SHOWN_VALUES - 1]]
+    return "".join("; " + p for p in parts)
 
 
 _LEAVING = {RankState.DEAD: 0, RankState.FAILED: 1}
@@ -372,11 +389,11 @@ def _absent(div: Divergence, views: dict, reason: str, bound: float) -> Diagnosi
     waiting = sorted(div.records)
     verb = "wait" if len(waiting) > 1 else "waits"
     if reason == "timeout" and first.status == RankState.RUNNING:
-        verb = "waited" + f" for the whole {bound:g} s bound"
+        verb = "waited" + f" for the whole {_seconds(bound)} s bound"
     headline = f"{_rank_list(same)} {state}; {_rank_list(waiting)} {verb} in {where(rec)}"
-    if len(headline) >= HEADLINE_WIDTH - len("slow rank: "):  # the source line it quotes goes first
-        headline = f"{_rank_list(same)} {_state_of(first, div.pg, views, quote=False)}; " \
-                   f"{_rank_list(waiting)} {verb} in {where(rec)}"
+    if len(headline) >= HEADLINE_WIDTH - len("slow rank: "):  # too long: the function's name goes, not
+        headline = f"{_rank_list(same)} {_state_of(first, div.pg, views, NO_FUNCTION)}; " \
+                   f"{_rank_list(waiting)} {verb} in {where(rec)}"  # the line it waits in
     others = [v for v in absent if v.rank not in same]
     if len(others) == 1:
         headline += f"; also rank {others[0].rank} {_state_of(others[0], div.pg, views)}"
@@ -404,7 +421,7 @@ def _slow(busy: list[RankView], inside: list[RankView], bound: float) -> Diagnos
     tops = _grouped({v.rank: busy_at(v) for v in busy}, 2)
     return Diagnosis(SLOW_RANK, f"slow rank: {_rank_list([v.rank for v in busy])} busy outside any "
                      f"collective ({tops}); {_rank_list([v.rank for v in inside])} waited for the whole "
-                     f"{bound:g} s bound in {where(rec)}", [v.rank for v in busy], rec.pg, rec.seq)
+                     f"{_seconds(bound)} s bound in {where(rec)}", [v.rank for v in busy], rec.pg, rec.seq)
 
 
 # -- certain deadlocks ------------------------------------------------------------------------------

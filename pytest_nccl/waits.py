@@ -68,16 +68,22 @@ def in_rendezvous(view: RankView) -> bool:
     return rec is not None and rec.op in RENDEZVOUS_WAITS
 
 
-def running_state(view: RankView, views: dict | None = None, quote: bool = True) -> str:
+FULL, NO_FUNCTION, NO_SOURCE = 2, 1, 0  # how much of a rank's place a headline quotes, longest first
+
+
+def running_state(view: RankView, views: dict | None = None, quote: int = FULL) -> str:
     """Where a running rank outside any collective is: its wait, else its stack's innermost user
-    frame with (``quote``) that line's source; '' when neither is known."""
+    frame and that line's source (NO_FUNCTION: without the function's name, NO_SOURCE: without
+    the source, for a headline that would be too long); '' when neither is known."""
     text = outside_text(view, views)
     if text:
         return text
     top = stack_top(view.stack)
     if not top:
         return ""
-    source = stack_source(view.stack) if quote else ""
+    if quote == NO_FUNCTION:
+        top = top.split(" (in ", 1)[0]
+    source = stack_source(view.stack) if quote != NO_SOURCE else ""
     if len(source) > SOURCE_WIDTH:
         source = source[:SOURCE_WIDTH - 3] + "..."
     return f"is busy outside any collective at {top}" + (f": {source}" if source else "")

@@ -101,19 +101,19 @@ EXPECTED = {
     # test -> (headline regex, what it must say)
     "test_functional_all_reduce_skipped": (
         rf"op mismatch at collective #1 of group default: rank 0 all_reduce, rank 1 barrier "
-        rf"\(from {_line('# FUNCOL')}\)"),
+        rf"\(from {_line('# FUNCOL')}; rank 1 from {_line('# BARRIER')}\)"),
     "test_dtensor_redistribute_on_one_rank": (
         rf"op mismatch at collective #\d+ of group (default|tp\[0,1\]): rank 0 all_gather_into_tensor, rank 1 "
-        rf"all_reduce \(from {_line('# REDISTRIBUTE')}\)"),
+        rf"all_reduce \(from {_line('# REDISTRIBUTE')}; rank 1 from {_line('# AFTER')}\)"),
     "test_compiled_step_count_differs": (
         rf"op mismatch at collective #2 of group default: rank 0 all_reduce, rank 1 barrier "
-        rf"\(from {_line('# COMPILED')}"),
+        rf"\(from {_line('# COMPILED')}; rank 1 from {_line('# END')}\)"),
     "test_process_group_methods": (
         rf"op mismatch at collective #1 of group default: rank 0 all_reduce, rank 1 broadcast "
-        rf"\(from {_line('# PG_ALLREDUCE')}\)"),
+        rf"\(from {_line('# PG_ALLREDUCE')}; rank 1 from {_line('# PG_BROADCAST')}\)"),
     "test_new_group_skipped": (
         rf"op mismatch at collective #1 of group default: rank 0 new_group, rank 1 barrier "
-        rf"\(from {_line('# NEW_GROUP')}\)"),
+        rf"\(from {_line('# NEW_GROUP')}; rank 1 from {_line('# SKIPPED_TO')}\)"),
 }
 
 
