@@ -75,7 +75,7 @@ class CallTrace:
         self.by_name: dict[str, GroupTrace] = {}      # c10d group name -> its trace (functional ops)
         self.by_label: dict[str, GroupTrace] = {"default": default}
         self.async_pending: dict[int, tuple] = {}   # id(Work) -> (work, label, seq, transfer index)
-        self.functional: dict[int, list] = {}       # id(output tensor) -> [weakref, label, seq, state]
+        self.functional: dict[int, list] = {}       # output's storage -> [label, seq, state] (trace_functional)
         self.outside = itertools.count(1)           # numbers the waits outside collectives (trace_rendezvous.py)
         self.side_count = 0                         # groups named here without a c10d name
         # the last call site: a loop issues collectives from one live frame at one instruction

@@ -19,7 +19,6 @@ While a graph is being traced (fake or functional tensors, no communication) not
 from __future__ import annotations
 
 import sys
-import weakref
 
 import torch
 
@@ -97,6 +96,17 @@ def _extra(spec: OpSpec, args, g: core.GroupTrace, tensors) -> str:
     return ""
 
 
+def _storage(tensor):
+    """Where a functional collective's output lives: its storage, as torch's own registry of
+    in-flight collectives keys it (``wait_tensor`` may get a view of the output: DTensor narrows
+    an unevenly sharded gather before it waits). A storage reused by a later output is that
+    output's: the later registration wins."""
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except Exception:
+        return None
+
+
 def _collective(spec: OpSpec):
     def call(op, args, kwargs):
         trace = core.active
@@ -125,10 +135,9 @@ def _collective(spec: OpSpec):
             local.inside = False
         entry = [label, seq, ENTERED]  # shared by a coalesced op's outputs: the first wait completes it
         for out in result if isinstance(result, (list, tuple)) else (result,):
-            try:
-                trace.functional[id(out)] = (weakref.ref(out), entry)
-            except TypeError:
-                pass
+            key = _storage(out)
+            if key is not None:
+                trace.functional[key] = entry
         return result
     return call
 
@@ -138,11 +147,9 @@ def _wait(op, args, kwargs):
     trace = core.active
     if trace is None or local.inside or not args:
         return op(*args, **kwargs)
-    tensor = args[0]
-    found = trace.functional.pop(id(tensor), None)
-    if found is None or found[0]() is not tensor or found[1][2] is None:
+    entry = trace.functional.pop(_storage(args[0]), None)
+    if entry is None or entry[2] is None:
         return op(*args, **kwargs)  # not ours, or another output of the same op was waited on
-    entry = found[1]
     label, seq = entry[0], entry[1]
     trace.writer.waiting(label, seq, core.perf_counter() - trace.t0)
     entry[2] = WAITING

@@ -382,7 +382,7 @@ def stop() -> tuple[dict[str, tuple], int]:
         except Exception:
             pass
     # functional collectives nobody waited on: the backend ran them; the rank is out of the test
-    for _, entry in trace.functional.values():
+    for entry in trace.functional.values():
         if entry[2] is not None:
             trace.writer.completed(entry[0], entry[1], now)
             entry[2] = None
