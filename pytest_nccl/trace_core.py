@@ -45,7 +45,7 @@ class GroupTrace:
     member must agree on."""
 
     __slots__ = ("label", "p2p_label", "name", "pg", "seq", "p2p_seq", "digest", "splits", "e_line", "c_line",
-                 "p2p_e_line", "p2p_c_line", "g_arg")
+                 "p2p_e_line", "p2p_c_line", "g_arg", "fr_seq", "label_b")
 
     def __init__(self, label: str, name: str, pg):
         self.label, self.p2p_label, self.name, self.pg = label, label + ":p2p", name, pg
@@ -55,6 +55,9 @@ class GroupTrace:
         self.e_line, self.c_line = f"E\t{label}\t".encode(), f"C\t{label}\t".encode()
         self.p2p_e_line, self.p2p_c_line = f"E\t{self.p2p_label}\t".encode(), f"C\t{self.p2p_label}\t".encode()
         self.g_arg = f"g={name}" if name else ""
+        self.label_b = label.encode()
+        # the group's own sequence number (the Flight Recorder's collective_seq_id), bound once
+        self.fr_seq = getattr(pg, "_get_sequence_number_for_group", None)
 
 
 class CallTrace:
@@ -82,12 +85,12 @@ class CallTrace:
         self.site_frame = self.site_back = self.site_lasti = None
         self.site_text = b""
         self.sites: dict = {}  # (id(code), instruction) -> (caller's frame, its instruction, its caller, bytes)
-        # The C line of the last synchronous collective, (its start, seq, time in ns), written with
-        # the next E line or by the flusher thread within FLUSH_EVERY: one write per collective
-        # instead of two. ``flushed`` is the last one written (compared by identity: a C line
-        # written twice is harmless, one lost is not).
-        self.pending: tuple | None = None
-        self.flushed: tuple | None = None
+        # The C line of the last synchronous collective, written with the next E line or by the
+        # flusher thread within FLUSH_EVERY: one write per collective instead of two. ``flushed`` is
+        # the last one written (compared by identity: a C line written twice is harmless, one lost
+        # is not).
+        self.pending: bytes | None = None
+        self.flushed: bytes | None = None
 
 
 active: CallTrace | None = None
@@ -118,6 +121,11 @@ os.register_at_fork(after_in_child=_forget_in_child)
 
 
 C_LINE = b"%b%d\t%de-9\n"  # a C line from its start, seq and time (journal.py: <t> may be "<ns>e-9")
+W_LINE = b"W\t%b\t%d\t%de-9\n"  # a W line from the label, seq and time
+# An E line (journal.py) from its start ("E\t<label>\t"), seq, "\t<op>\t<async>\t", time in ns,
+# "<shapes>\t<dtype>", fr_seq, site and <args>: bytes formatting, the cheapest per collective.
+E_LINE = b"%b%d%b%de-9\t%b\t%d\t%b\t%b\n"
+E_LINE_NO_FR = E_LINE.replace(b"%d\t%b\t%b\n", b"\t%b\t%b\n")  # a group without sequence numbers
 
 
 def take_pending(trace: CallTrace) -> bytes:
@@ -126,7 +134,7 @@ def take_pending(trace: CallTrace) -> bytes:
     if pending is trace.flushed:
         return b""
     trace.flushed = pending
-    return C_LINE % pending
+    return pending
 
 
 def flush(trace: CallTrace) -> None:
@@ -244,6 +252,19 @@ def site_of(trace: CallTrace, frame) -> bytes:
     """``call_site(frame)`` as the journal's bytes, remembered for the frame the last one came from:
     while a frame is live its callers are fixed (for a generator's frame, its resumer is compared
     too), so a loop that issues collectives from one line walks the stack once."""
+    # torch's frames between (an op's __call__, a functional collective's Python function) are new
+    # objects on every call and say nothing: remember from the first frame that is the user's
+    kind = _kind_of.get(id(frame.f_code))
+    while kind != _USER and frame is not None:
+        if kind is None:
+            kind = _classify(frame.f_code)
+            continue
+        if kind != _INTERNAL:  # a compiled graph's frame: its line is the node's; the harness: no site
+            break
+        frame = frame.f_back
+        kind = _kind_of.get(id(frame.f_code)) if frame is not None else None
+    if frame is None:
+        return b""
     back = frame.f_back
     if frame is trace.site_frame and frame.f_lasti == trace.site_lasti and back is trace.site_back:
         return trace.site_text

@@ -24,7 +24,7 @@ import torch
 
 from . import trace_core as core
 from .records import SHAPE_MATCHED_OPS
-from .trace_core import call_site, describe, local
+from .trace_core import describe, local
 
 ENTERED, WAITING = "entered", "waiting"
 
@@ -107,74 +107,126 @@ def _storage(tensor):
         return None
 
 
-def _collective(spec: OpSpec):
-    def call(op, args, kwargs):
+def _describe_call(spec: OpSpec, g: core.GroupTrace, tensors, args) -> tuple:
+    """(b"shapes\\tdtype", b"<args> g=name", digest bytes or None, <args>) of one call."""
+    shapes, dtype = describe(tensors)
+    extra = _extra(spec, args, g, tensors)
+    data = None if spec.p2p or spec.splits else (
+        f"{spec.record} {shapes} {dtype} {extra}" if spec.shape_matched else f"{spec.record} {extra}").encode()
+    with_group = f"{extra} {g.g_arg}" if extra and g.g_arg else extra or g.g_arg
+    return f"{shapes}\t{dtype}".encode(), with_group.encode(), data, extra
+
+
+def _collective(spec: OpSpec, op):
+    """The traced ``__call__`` of one functional op: its E line (async) before the op returns."""
+    memo: dict = {}  # (group, shape, dtype, reduce op or root) -> _describe_call's answer
+    keyed = spec.reduce if spec.reduce >= 0 else spec.root if spec.root >= 0 else -1
+    memoized = not spec.splits and not spec.p2p
+    mid = f"\t{spec.record}\t1\t".encode()
+    p2p = bool(spec.p2p)
+    Tensor, Parameter = torch.Tensor, torch.nn.Parameter
+
+    def __call__(self, *args, **kwargs):
         trace = core.active
-        if trace is None or local.inside or not args or not _real(args[spec.tensors]):
+        if trace is None or local.inside or not args:
+            return op(*args, **kwargs)
+        tensors = args[spec.tensors]
+        one = type(tensors) is Tensor or type(tensors) is Parameter
+        if not one and not _real(tensors):  # a graph being traced: fake or functional tensors
             return op(*args, **kwargs)
         try:
             g = core.group_named(trace, args[spec.group] if len(args) > spec.group else kwargs.get("group_name"))
-            tensors = args[spec.tensors]
-            shapes, dtype = describe(tensors)
-            extra = _extra(spec, args, g, tensors)
+            found = key = None
+            if one and memoized:
+                key = (g, tensors.shape, tensors.dtype, args[keyed] if keyed >= 0 else None)
+                found = memo.get(key)
+            if found is None:
+                found = _describe_call(spec, g, tensors, args)
+                if key is not None and len(memo) < 10_000:
+                    memo[key] = found
         except Exception:  # the op will say what is wrong with its arguments
             return op(*args, **kwargs)
-        split = bool(spec.splits)
-        signature = None if spec.p2p or split else (
-            f"{spec.record} {shapes} {dtype} {extra}" if spec.shape_matched else f"{spec.record} {extra}")
-        label, seq = core.enter(trace, g, spec.record, True, shapes, dtype, extra, signature, bool(spec.p2p),
-                                call_site(sys._getframe(1)))
-        if split:
-            if g.splits is None:
-                g.splits = []
-            g.splits.append((seq, extra[6:]))
+        described, extra, data, plain = found
+        if p2p:
+            g.p2p_seq = seq = g.p2p_seq + 1
+            label, e_line, label_b = g.p2p_label, g.p2p_e_line, g.p2p_label.encode()
+        else:
+            g.seq = seq = g.seq + 1
+            label, e_line, label_b = g.label, g.e_line, g.label_b
+            if data is not None:
+                g.digest = core.zlib.crc32(data, g.digest)
+            else:  # split sizes: consistency across ranks, not equality
+                if g.splits is None:
+                    g.splits = []
+                g.splits.append((seq, plain[6:]))
+        try:  # the group's own number for it (the Flight Recorder's)
+            fr_seq = g.fr_seq() + 1
+        except Exception:
+            fr_seq = None
+        now = core.perf_counter_ns() - trace.t0_ns
+        site = core.site_of(trace, sys._getframe(1))
+        line = core.E_LINE_NO_FR % (e_line, seq, mid, now, described, site, extra) if fr_seq is None else \
+            core.E_LINE % (e_line, seq, mid, now, described, fr_seq, site, extra)
+        core.os.write(trace.fd, core.take_pending(trace) + line)
         local.inside = True
         try:
             result = op(*args, **kwargs)
         finally:
             local.inside = False
-        entry = [label, seq, ENTERED]  # shared by a coalesced op's outputs: the first wait completes it
-        for out in result if isinstance(result, (list, tuple)) else (result,):
-            key = _storage(out)
-            if key is not None:
-                trace.functional[key] = entry
+        entry = [label_b, seq, ENTERED]  # shared by a coalesced op's outputs: the first wait completes it
+        if type(result) is Tensor:
+            trace.functional[_storage(result)] = entry
+        else:
+            for out in result if isinstance(result, (list, tuple)) else (result,):
+                key = _storage(out)
+                if key is not None:
+                    trace.functional[key] = entry
         return result
-    return call
+    return __call__
 
 
-def _wait(op, args, kwargs):
-    """wait_tensor: the rank blocks here until the collective that made ``args[0]`` completed."""
+def _wait(op):
+    """The traced ``__call__`` of wait_tensor: the rank blocks there until the collective that made
+    its argument completed."""
+    def __call__(self, *args, **kwargs):
+        return _waited(op, args, kwargs)
+    return __call__
+
+
+def _waited(op, args, kwargs):
     trace = core.active
     if trace is None or local.inside or not args:
         return op(*args, **kwargs)
     entry = trace.functional.pop(_storage(args[0]), None)
     if entry is None or entry[2] is None:
         return op(*args, **kwargs)  # not ours, or another output of the same op was waited on
-    label, seq = entry[0], entry[1]
-    trace.writer.waiting(label, seq, core.perf_counter() - trace.t0)
+    label_b, seq = entry[0], entry[1]
+    core.os.write(trace.fd, core.take_pending(trace) + core.W_LINE % (label_b, seq, core.perf_counter_ns() - trace.t0_ns))
     entry[2] = WAITING
     local.inside = True
     try:
         result = op(*args, **kwargs)
     finally:
         local.inside = False
-    trace.writer.completed(label, seq, core.perf_counter() - trace.t0)
+    # written with the next line, or by the flusher thread (trace_core.FLUSH_EVERY)
+    trace.pending = core.C_LINE % (b"C\t" + label_b + b"\t", seq, core.perf_counter_ns() - trace.t0_ns)
     entry[2] = None
     return result
 
 
 class TracedOp:
     """Stands in for the C++ callable of a functional op (``OpOverload._op``, ``OpOverloadPacket._op``):
-    calls are traced; the hash is the op's, because torch keys tables by the overload, whose hash is
-    its callable's (torch.fx's set of side-effecting ops holds wait_tensor: a graph must keep it)."""
+    calls are traced (``traced_op`` gives each op a subclass whose ``__call__`` is its tracing); the
+    hash is the op's, because torch keys tables by the overload, whose hash is its callable's
+    (torch.fx's set of side-effecting ops holds wait_tensor: a graph must keep it)."""
 
-    __slots__ = ("op", "call")
+    __slots__ = ("op",)
 
-    def __init__(self, op, call):
-        self.op, self.call = op, call
+    def __init__(self, op):
+        self.op = op
 
     def __call__(self, *args, **kwargs):
-        return self.call(self.op, args, kwargs)
+        return self.op(*args, **kwargs)
 
     def __hash__(self):
         return hash(self.op)
@@ -186,11 +238,17 @@ class TracedOp:
         return getattr(self.op, name)
 
 
-def _patch(holder, call) -> bool:
+def traced_op(name: str, op) -> TracedOp:
+    """``op`` (a C++ callable) traced as the functional op ``name`` (a key of SPECS, or wait_tensor)."""
+    call = _wait(op) if name == "wait_tensor" else _collective(SPECS[name], op)
+    return type(f"Traced_{name}", (TracedOp,), {"__slots__": (), "__call__": call})(op)
+
+
+def _patch(holder, name: str) -> bool:
     op = getattr(holder, "_op", None)
     if op is None or isinstance(op, TracedOp):
         return False
-    holder._op = TracedOp(op, call)
+    holder._op = traced_op(name, op)
     return True
 
 
@@ -209,10 +267,9 @@ def install() -> list[str]:
                 packet = getattr(ops, name)
             except (AttributeError, RuntimeError):
                 continue
-            call = _wait if name == "wait_tensor" else _collective(SPECS[name])
-            patched = _patch(packet, call)
+            patched = _patch(packet, name)
             for overload in packet.overloads():
-                patched = _patch(getattr(packet, overload), call) or patched
+                patched = _patch(getattr(packet, overload), name) or patched
             if patched:
                 traced.append(f"{namespace}.{name}")
     return traced

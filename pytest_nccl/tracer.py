@@ -152,9 +152,7 @@ def _arguments(name: str, params: list):
 
 
 _ABSENT = 1 << 30  # the position of a parameter the op does not have: never within args
-# An E line (journal.py) from its start ("E\t<label>\t"), seq, "\t<op>\t<async>\t", time in ns,
-# "<shapes>\t<dtype>", fr_seq, site and <args>: bytes formatting, the cheapest per collective.
-E_LINE = b"%b%d%b%de-9\t%b\t%d\t%b\t%b\n"
+E_LINE, E_LINE_NO_FR = core.E_LINE, core.E_LINE_NO_FR
 
 
 def _memo_params(name: str) -> list | None:
@@ -175,36 +173,126 @@ def _memo_params(name: str) -> list | None:
     return []
 
 
-def _wrap(name: str, fn):
+# The body of every traced c10d function, specialized per op at install time: the wrapper takes the
+# real function's parameters (no *args/**kwargs to pack and search: the hot path reads locals).
+# {params}, {call}: the signature and the call; {group}, {async_op}, {value}, {key}: expressions
+# for the group, the async flag, the tensor this rank contributes and the memo key; {pos}/{kw}: the
+# positional and keyword arguments, for the argument readers (_arguments) on a memo miss.
+_TEMPLATE = """
+def {name}({params}):
+    trace = core.active
+    if trace is None or local.inside:
+        return fn({call})
+    group = {group}
+    g = trace.by_id.get(id(group))
+    if g is None:
+        g = core.group_trace(trace, group)
+    async_op_ = {async_op}
+    value = {value}
+    found = key = None
+    if keyed and (value is None or type(value) is Tensor):
+        key = {key}
+        try:
+            found = memo.get(key)
+        except TypeError:  # an argument that cannot key a memo (a custom ReduceOp)
+            key = None
+    if found is None:
+        found = describe_call(g, value, ({pos}), {{{kw}}}, group)
+        if key is not None and len(memo) < 10_000:
+            memo[key] = found
+    described, extra, data, plain = found
+    if p2p:  # point-to-point: numbered apart, matched as pairs (diagnose.py)
+        g.p2p_seq = seq = g.p2p_seq + 1
+        label, e_line, c_start = g.p2p_label, g.p2p_e_line, g.p2p_c_line
+    else:
+        g.seq = seq = g.seq + 1
+        label, e_line, c_start = g.label, g.e_line, g.c_line
+        if data is not None:
+            g.digest = crc32(data, g.digest)
+        else:  # split sizes: consistency across ranks, not equality (records.digests_agree)
+            if g.splits is None:
+                g.splits = []
+            g.splits.append((seq, plain[6:]))
     try:
-        params = list(inspect.signature(fn).parameters)
+        fr_seq = g.fr_seq() + 1
+    except Exception:  # a group without sequence numbers: the field stays empty
+        fr_seq = None
+    now = perf_counter_ns() - trace.t0_ns
+    frame = getframe(1)  # the last call site again (a loop), else trace_core.site_of
+    if frame is trace.site_frame and frame.f_lasti == trace.site_lasti and frame.f_back is trace.site_back:
+        site = trace.site_text
+    else:
+        site = site_of(trace, frame)
+    if fr_seq is None:
+        line = E_LINE_NO_FR % (e_line, seq, mid_async if async_op_ else mid_sync, now, described, site, extra)
+    else:
+        line = E_LINE % (e_line, seq, mid_async if async_op_ else mid_sync, now, described, fr_seq, site, extra)
+    pending = trace.pending
+    if pending is not trace.flushed:  # the previous collective's C line goes first, in the same write
+        trace.flushed = pending
+        line = pending + line
+    # one write, before entering: what survives a SIGABRT inside the collective
+    write(trace.fd, line)
+    local.inside = True
+    try:
+        result = fn({call})
+    finally:
+        local.inside = False
+    if async_op_ and result is not None:
+        pend(trace, result, label, seq, ({pos}))
+    else:  # written with the next line, or by the flusher thread (trace_core.FLUSH_EVERY)
+        trace.pending = c_line % (c_start, seq, perf_counter_ns() - trace.t0_ns)
+    if composite:
+        try:
+            write(trace.fd, f"R\\t{{label}}\\t{{seq}}\\t{{g.pg._get_sequence_number_for_group()}}\\n".encode())
+        except Exception:
+            pass
+    return result
+"""
+
+
+def _pend(trace, result, label: str, seq: int, args: tuple) -> None:
+    """An async collective: it completes in Work.wait (_traced_wait)."""
+    if isinstance(result, list):  # batch_isend_irecv: one Work per transfer, or one for all
+        count = len(args[0]) if args and args[0] is not None else 0
+        for i, work in enumerate(result):
+            trace.async_pending[id(work)] = (work, label, seq, i if len(result) == count > 1 else -1)
+    else:
+        trace.async_pending[id(result)] = (result, label, seq, -1)
+
+
+def _wrap(name: str, fn):
+    """``fn`` traced: a function with its parameters and defaults that journals the call (the E
+    line) before entering it."""
+    try:
+        signature = inspect.signature(fn)
     except (TypeError, ValueError):
         return fn
+    params = list(signature.parameters.values())
+    kinds = {p.kind for p in params}
+    if kinds - {inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY} or \
+            any(not p.name.isidentifier() or p.name in _RESERVED for p in params):
+        return fn  # *args, **kwargs or a name the body uses: left untraced rather than traced wrong
+    names = [p.name for p in params]
+    positional = [p.name for p in params if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    keyword = [p.name for p in params if p.kind == inspect.Parameter.KEYWORD_ONLY]
     tensor_name = CONTRIBUTED.get(name)
-    tensor_pos = params.index(tensor_name) if tensor_name in params else _ABSENT
-    group_pos = params.index("group") if "group" in params else _ABSENT
-    async_pos = params.index("async_op") if "async_op" in params else _ABSENT
-    p2p = name in P2P_OPS
-    shape_matched = name in SHAPE_MATCHED_OPS
-    always_async = name in ALWAYS_ASYNC
-    composite = name in COMPOSITE
-    split = name in SPLIT_OPS
-    batch = name == "batch_isend_irecv"
-    arguments = _arguments(name, params)
     keyed = _memo_params(name)
-    memo_at = [(params.index(p) if p in params else _ABSENT, p) for p in keyed or ()]
-    one_key = len(memo_at) == 1
-    key_pos, key_name = memo_at[0] if one_key else (_ABSENT, "")
-    # (group, shape, dtype, the arguments above) -> ("shapes\tdtype", "<args> g=name", digest bytes)
-    memo: dict = {}
-    Tensor = torch.Tensor
-    crc32 = zlib.crc32
-    write = os.write
-    getframe = sys._getframe
-    site_of = core.site_of
-    mid_sync, mid_async = f"\t{name}\t0\t".encode(), f"\t{name}\t1\t".encode()
-    c_line = core.C_LINE
-    e_line_after_c = c_line + E_LINE
+    raw = [k if k in names else "None" for k in keyed or ()]
+    if name == "batch_isend_irecv":
+        group = f"getattr({positional[0]}[0], 'group', None) if {positional[0]} else None"
+    else:
+        group = "group" if "group" in names else "None"
+    source = _TEMPLATE.format(
+        name=name, params=", ".join(positional) + (", *, " + ", ".join(keyword) if keyword else ""),
+        call=", ".join(positional + [f"{k}={k}" for k in keyword]), group=group,
+        async_op="True" if name in ALWAYS_ASYNC else "bool(async_op)" if "async_op" in names else "False",
+        value=tensor_name if tensor_name in names else "None",
+        key=(f"(g, value.shape, value.dtype, {', '.join(raw)})" if tensor_name in names else
+             f"(g, {', '.join(raw)})") if raw else ("(g, value.shape, value.dtype)" if tensor_name in names else "(g,)"),
+        pos=", ".join(positional) + ("," if len(positional) == 1 else ""), kw=", ".join(f"'{k}': {k}" for k in keyword))
+    split, p2p, shape_matched = name in SPLIT_OPS, name in P2P_OPS, name in SHAPE_MATCHED_OPS
+    arguments = _arguments(name, positional + keyword)
 
     def describe_call(g, value, args, kwargs, group):
         """What the E line says of this call besides its position, and what goes into the digest."""
@@ -221,97 +309,32 @@ def _wrap(name: str, fn):
         with_group = f"{extra} {g.g_arg}" if extra and g.g_arg else extra or g.g_arg
         return f"{shapes}\t{dtype}".encode(), with_group.encode(), data, extra
 
-    def traced(*args, **kwargs):
-        trace = core.active
-        if trace is None or local.inside:
-            return fn(*args, **kwargs)
-        n = len(args)
-        if batch:
-            group = getattr(args[0][0], "group", None) if args and args[0] else None
-        else:
-            group = args[group_pos] if group_pos < n else kwargs.get("group")
-        g = trace.by_id.get(id(group))
-        if g is None:
-            g = core.group_trace(trace, group)
-        if always_async:
-            async_op = True
-        else:
-            async_op = bool(args[async_pos] if async_pos < n else kwargs.get("async_op", False))
-        value = None if tensor_pos == _ABSENT else args[tensor_pos] if tensor_pos < n else kwargs.get(tensor_name)
-        found = key = None
-        if keyed is not None and (value is None or type(value) is Tensor):
-            if value is not None:
-                key = (g, value.shape, value.dtype,
-                       (args[key_pos] if key_pos < n else kwargs.get(key_name)) if one_key else
-                       tuple(args[p] if p < n else kwargs.get(k) for p, k in memo_at))
-            else:
-                key = (g, tuple(args[p] if p < n else kwargs.get(k) for p, k in memo_at))
-            try:
-                found = memo.get(key)
-            except TypeError:  # an argument that cannot key a memo (a custom ReduceOp)
-                key = None
-        if found is None:
-            found = describe_call(g, value, args, kwargs, group)
-            if key is not None and len(memo) < 10_000:
-                memo[key] = found
-        described, extra, data, plain = found
-        if p2p:  # point-to-point: numbered apart, matched as pairs (diagnose.py)
-            g.p2p_seq = seq = g.p2p_seq + 1
-            label, e_line, c_start = g.p2p_label, g.p2p_e_line, g.p2p_c_line
-        else:
-            g.seq = seq = g.seq + 1
-            label, e_line, c_start = g.label, g.e_line, g.c_line
-            if data is not None:
-                g.digest = crc32(data, g.digest)
-            else:  # split sizes: consistency across ranks, not equality (records.digests_agree)
-                if g.splits is None:
-                    g.splits = []
-                g.splits.append((seq, plain[6:]))
-        try:
-            fr_seq = g.pg._get_sequence_number_for_group() + 1
-        except Exception:
-            fr_seq = None
-        now = perf_counter_ns() - trace.t0_ns
-        site = site_of(trace, getframe(1))
-        pending = trace.pending
-        if fr_seq is None:  # a group without sequence numbers: the field stays empty
-            line = core.take_pending(trace) + (E_LINE.replace(b"%d\t%b\t%b\n", b"%b\t%b\t%b\n") % (
-                e_line, seq, mid_async if async_op else mid_sync, now, described, b"", site, extra))
-        elif pending is trace.flushed:
-            line = E_LINE % (e_line, seq, mid_async if async_op else mid_sync, now, described, fr_seq, site, extra)
-        else:  # the previous collective's C line goes first, in the same write
-            trace.flushed = pending
-            line = e_line_after_c % (*pending, e_line, seq, mid_async if async_op else mid_sync, now, described,
-                                     fr_seq, site, extra)
-        # one write, before entering: what survives a SIGABRT inside the collective
-        write(trace.fd, line)
-        local.inside = True
-        try:
-            result = fn(*args, **kwargs)
-        finally:
-            local.inside = False
-        if async_op and result is not None:
-            if isinstance(result, list):  # batch_isend_irecv: one Work per transfer, or one for all
-                count = len(args[0]) if args else 0
-                for i, work in enumerate(result):
-                    trace.async_pending[id(work)] = (work, label, seq, i if len(result) == count > 1 else -1)
-            else:
-                trace.async_pending[id(result)] = (result, label, seq, -1)
-        else:  # written with the next line, or by the flusher thread (trace_core.FLUSH_EVERY)
-            trace.pending = (c_start, seq, perf_counter_ns() - trace.t0_ns)
-        if composite:
-            try:
-                write(trace.fd, f"R\t{label}\t{seq}\t{g.pg._get_sequence_number_for_group()}\n".encode())
-            except Exception:
-                pass
-        return result
-
+    namespace = {
+        "core": core, "local": local, "fn": fn, "Tensor": torch.Tensor, "memo": {}, "keyed": keyed is not None,
+        "describe_call": describe_call, "p2p": p2p, "crc32": zlib.crc32, "perf_counter_ns": perf_counter_ns,
+        "site_of": core.site_of, "getframe": sys._getframe, "E_LINE": E_LINE, "E_LINE_NO_FR": E_LINE_NO_FR,
+        "mid_sync": f"\t{name}\t0\t".encode(), "mid_async": f"\t{name}\t1\t".encode(), "write": os.write,
+        "c_line": core.C_LINE, "pend": _pend, "composite": name in COMPOSITE,
+    }
+    exec(compile(source, __file__, "exec"), namespace)  # frames in this file: no call site, no stack line
+    traced = namespace[name]
+    traced.__defaults__ = tuple(p.default for p in params if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD
+                                and p.default is not inspect.Parameter.empty) or None
+    traced.__kwdefaults__ = {p.name: p.default for p in params if p.kind == inspect.Parameter.KEYWORD_ONLY
+                             and p.default is not inspect.Parameter.empty} or None
     traced.__wrapped__ = fn
-    traced.__name__ = getattr(fn, "__name__", name)
     traced.__qualname__ = getattr(fn, "__qualname__", name)
     traced.__doc__ = fn.__doc__
     traced._pytest_nccl_traced = True
     return traced
+
+
+# names the generated body uses for itself: a parameter with one of them cannot be traced this way
+_RESERVED = frozenset({"trace", "group", "g", "async_op_", "value", "found", "key", "described", "extra", "data",
+                       "plain", "seq", "label", "e_line", "c_start", "fr_seq", "now", "frame", "site", "line", "pending",
+                       "result", "core", "local", "fn", "Tensor", "memo", "keyed", "describe_call", "p2p", "crc32",
+                       "perf_counter_ns", "site_of", "getframe", "E_LINE", "E_LINE_NO_FR", "mid_sync", "mid_async",
+                       "write", "c_line", "pend", "composite"}) - {"group"}
 
 
 _installed = False
@@ -384,7 +407,7 @@ def stop() -> tuple[dict[str, tuple], int]:
     # functional collectives nobody waited on: the backend ran them; the rank is out of the test
     for entry in trace.functional.values():
         if entry[2] is not None:
-            trace.writer.completed(entry[0], entry[1], now)
+            trace.writer.completed(entry[0].decode(), entry[1], now)
             entry[2] = None
     core.close(trace)
     digests = {}
