@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from .records import (OUTSIDE, P2P_OPS, SHAPE_MATCHED_OPS, SPLIT_OPS, CollectiveRecord, P2PIndex, RankState, RankView,
                       group_base, headline_site, members_of, rank_ranges, rendezvous_at, short_path, short_site,
                       digests_agree, split_disagreement, stack_top, stuck_ranks)
-from .waits import FULL, NO_FUNCTION, busy_at, in_rendezvous, outside_text, running_state
+from .waits import FULL, NO_FUNCTION, busy_at, in_rendezvous, outside_text, running_state, seconds
 
 __all__ = ["Diagnosis", "Divergence", "diagnose", "first_divergence", "digests_agree", "members_of", "brief",
            "short_path", "short_site", "stack_top", "headline_site", "split_disagreement", "where"]
@@ -65,11 +65,6 @@ def gloo_disagreement(text: str) -> tuple[str, str] | None:
             if said in line:
                 return kind, said
     return None
-
-
-def _seconds(bound: float) -> str:
-    """A bound as a headline says it: '60', '24.9' (a bound left over from pytest-timeout's budget)."""
-    return f"{bound:.0f}" if bound >= 100 or float(bound).is_integer() else f"{bound:.3g}"
 
 
 def brief(message: str, limit: int = 100) -> str:
@@ -212,13 +207,10 @@ def _state_of(view: RankView, pg: str, views: dict | None = None, quote: int = F
         return f"waits in {where(cur)} instead, {after}"
     if view.status == RankState.NOT_STARTED:
         return f"never started this test, {after}"
-    waiting = outside_text(view, views)
-    if waiting:  # the tracer saw it enter the wait: a store or a group being created, a store read
-        return f"{waiting}, {after}"
-    rendezvous = rendezvous_at(view.stack)
+    rendezvous = rendezvous_at(view.stack) if view.outside_wait is None else ""  # else: the tracer saw it
     if rendezvous:
         return f"waits in a rendezvous at {rendezvous} that a member of the new group never joined, {after}"
-    return f"{running_state(view, quote=quote) or 'is busy outside any collective'}, {after}"
+    return f"{running_state(view, views, quote) or 'is busy outside any collective'}, {after}"
 
 
 def _waiting_summary(views: list[RankView]) -> str:
@@ -228,10 +220,8 @@ def _waiting_summary(views: list[RankView]) -> str:
         if v.status == RankState.RUNNING and v.current is not None:
             at.setdefault(where(v.current), []).append(v.rank)
     parts = [f"{_rank_list(rs)} wait{'s' if len(rs) == 1 else ''} in {pos}" for pos, rs in list(at.items())[:2]]
-    by_rank = {v.rank: v for v in views}
-    outside = [(v.rank, outside_text(v, by_rank)) for v in views if v.status == RankState.RUNNING
-               and v.current is None and v.outside_wait is not None]
-    parts += [f"rank {r} {text}" for r, text in outside[:1]]
+    parts += [f"rank {v.rank} {outside_text(v, {w.rank: w for w in views})}" for v in views  # a store, a group
+              if v.status == RankState.RUNNING and v.current is None and v.outside_wait is not None][:1]
     return "".join("; " + p for p in parts)
 
 
@@ -278,14 +268,14 @@ def diagnose(ranks: list[RankView], reason: str, bound: float) -> Diagnosis | No
             rec = inside[0].current
             every = "every rank is" if len(running) == len(ranks) else f"{_rank_list([v.rank for v in running])} are"
             return Diagnosis(HANG, f"{every} inside {where(rec)} and none completed within the "
-                             f"{_seconds(bound)} s bound (a transport or peer problem: all ranks entered it)",
+                             f"{seconds(bound)} s bound (a transport or peer problem: all ranks entered it)",
                              [v.rank for v in running], rec.pg, rec.seq)
         busy = [v for v in running if v.current is None]
         if busy and inside:
             return _slow(busy, inside, bound)
         tops = _grouped({v.rank: busy_at(v, views) for v in running}, 2)
         kind = RENDEZVOUS if any(in_rendezvous(v) for v in running) else TIMEOUT
-        return Diagnosis(kind, f"the test exceeded its {_seconds(bound)} s bound outside any collective "
+        return Diagnosis(kind, f"the test exceeded its {seconds(bound)} s bound outside any collective "
                          f"({tops})", [v.rank for v in running])
     statuses = {v.status for v in ranks}
     if RankState.SKIPPED in statuses and len(statuses) > 1:
@@ -359,15 +349,13 @@ def _mismatch(div: Divergence, ranks: list[RankView]) -> Diagnosis:
 
 
 def _other_sites(recs: dict, first_site: str) -> str:
-    """'; rank 3 from b.py:22' when ranks issued the diverging collective from other lines than the
-    first rank did (a rank running one more micro-batch than the others): each such line, once."""
+    """'; rank 3 from b.py:22': the other lines ranks issued the diverging collective from (a rank
+    running one more micro-batch than the others), each once."""
     by_site: dict[str, list[int]] = {}
     for r, rec in recs.items():
-        other = headline_site(rec.site)
-        if other and other != first_site:
-            by_site.setdefault(other, []).append(r)
-    parts = [f"{_rank_list(rs)} from {s}" for s, rs in list(by_site.items())[:SHOWN_VALUES - 1]]
-    return "".join("; " + p for p in parts)
+        by_site.setdefault(headline_site(rec.site), []).append(r)
+    return "".join(f"; {_rank_list(rs)} from {s}" for s, rs in list(by_site.items())[:SHOWN_VALUES]
+                   if s and s != first_site)
 
 
 _LEAVING = {RankState.DEAD: 0, RankState.FAILED: 1}
@@ -389,7 +377,7 @@ def _absent(div: Divergence, views: dict, reason: str, bound: float) -> Diagnosi
     waiting = sorted(div.records)
     verb = "wait" if len(waiting) > 1 else "waits"
     if reason == "timeout" and first.status == RankState.RUNNING:
-        verb = "waited" + f" for the whole {_seconds(bound)} s bound"
+        verb = "waited" + f" for the whole {seconds(bound)} s bound"
     headline = f"{_rank_list(same)} {state}; {_rank_list(waiting)} {verb} in {where(rec)}"
     if len(headline) >= HEADLINE_WIDTH - len("slow rank: "):  # too long: the function's name goes, not
         headline = f"{_rank_list(same)} {_state_of(first, div.pg, views, NO_FUNCTION)}; " \
@@ -421,7 +409,7 @@ def _slow(busy: list[RankView], inside: list[RankView], bound: float) -> Diagnos
     tops = _grouped({v.rank: busy_at(v) for v in busy}, 2)
     return Diagnosis(SLOW_RANK, f"slow rank: {_rank_list([v.rank for v in busy])} busy outside any "
                      f"collective ({tops}); {_rank_list([v.rank for v in inside])} waited for the whole "
-                     f"{_seconds(bound)} s bound in {where(rec)}", [v.rank for v in busy], rec.pg, rec.seq)
+                     f"{seconds(bound)} s bound in {where(rec)}", [v.rank for v in busy], rec.pg, rec.seq)
 
 
 # -- certain deadlocks ------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 from dataclasses import dataclass, field
 
 # Ops whose tensors must agree across ranks at the same sequence number (what NCCL and gloo need
@@ -485,7 +486,8 @@ def stack_source(stack: str) -> str:
     """The source line of the main thread's innermost frame outside pytest_nccl ("time.sleep(60)"):
     what a rank outside any collective is doing there."""
     frames = _user_frames(stack)
-    return frames[-1][3] if frames else ""
+    source = frames[-1][3] if frames else ""
+    return re.sub(r"\s+#[^'\"]*$", "", source)  # without a trailing comment
 
 
 def rendezvous_at(stack: str) -> str:

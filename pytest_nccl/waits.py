@@ -16,6 +16,11 @@ RENDEZVOUS_WAITS = frozenset({"TCPStore", "ProcessGroupGloo", "ProcessGroupNCCL"
 SOURCE_WIDTH = 60  # characters of a source line a headline quotes
 
 
+def seconds(bound: float) -> str:
+    """A bound as a headline says it: '60', '24.9' (a bound left from pytest-timeout's budget)."""
+    return f"{bound:.0f}" if bound >= 100 or float(bound).is_integer() else f"{bound:.3g}"
+
+
 def _ranks_text(ranks) -> str:
     ranks = sorted(set(ranks))
     return ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)
