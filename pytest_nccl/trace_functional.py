@@ -11,7 +11,7 @@ collectives of the same group.
 A functional collective returns at once; the rank blocks in ``wait_tensor`` (called when the
 result is first used): its record is async, with a W line when the wait starts and a C line when
 it returns. In a compiled graph the call site is the line the graph's node kept from the code that
-was compiled (``trace_core.graph_lines``), else the call of the compiled function.
+was compiled (``trace_sites.graph_lines``), else the call of the compiled function.
 
 While a graph is being traced (fake or functional tensors, no communication) nothing is recorded.
 """
@@ -25,6 +25,7 @@ import torch
 from . import trace_core as core
 from .records import SHAPE_MATCHED_OPS
 from .trace_core import describe, local
+from .trace_sites import site_of
 
 ENTERED, WAITING = "entered", "waiting"
 
@@ -149,10 +150,10 @@ def _collective(spec: OpSpec, op):
         described, extra, data, plain = found
         if p2p:
             g.p2p_seq = seq = g.p2p_seq + 1
-            label, e_line, label_b = g.p2p_label, g.p2p_e_line, g.p2p_label.encode()
+            e_line, label_b = g.p2p_e_line, g.p2p_label.encode()
         else:
             g.seq = seq = g.seq + 1
-            label, e_line, label_b = g.label, g.e_line, g.label_b
+            e_line, label_b = g.e_line, g.label_b
             if data is not None:
                 g.digest = core.zlib.crc32(data, g.digest)
             else:  # split sizes: consistency across ranks, not equality
@@ -164,7 +165,7 @@ def _collective(spec: OpSpec, op):
         except Exception:
             fr_seq = None
         now = core.perf_counter_ns() - trace.t0_ns
-        site = core.site_of(trace, sys._getframe(1))
+        site = site_of(trace, sys._getframe(1))
         line = core.E_LINE_NO_FR % (e_line, seq, mid, now, described, site, extra) if fr_seq is None else \
             core.E_LINE % (e_line, seq, mid, now, described, fr_seq, site, extra)
         core.os.write(trace.fd, core.take_pending(trace) + line)
@@ -187,31 +188,28 @@ def _collective(spec: OpSpec, op):
 
 def _wait(op):
     """The traced ``__call__`` of wait_tensor: the rank blocks there until the collective that made
-    its argument completed."""
+    its argument completed (a W line before, the C line deferred like a synchronous collective's)."""
     def __call__(self, *args, **kwargs):
-        return _waited(op, args, kwargs)
+        trace = core.active
+        if trace is None or local.inside or not args:
+            return op(*args, **kwargs)
+        entry = trace.functional.pop(_storage(args[0]), None)
+        if entry is None or entry[2] is None:
+            return op(*args, **kwargs)  # not ours, or another output of the same op was waited on
+        label_b, seq = entry[0], entry[1]
+        core.os.write(trace.fd, core.take_pending(trace) +
+                      core.W_LINE % (label_b, seq, core.perf_counter_ns() - trace.t0_ns))
+        entry[2] = WAITING
+        local.inside = True
+        try:
+            result = op(*args, **kwargs)
+        finally:
+            local.inside = False
+        # written with the next line, or by the flusher thread (trace_core.FLUSH_EVERY)
+        trace.pending = core.C_LINE % (b"C\t" + label_b + b"\t", seq, core.perf_counter_ns() - trace.t0_ns)
+        entry[2] = None
+        return result
     return __call__
-
-
-def _waited(op, args, kwargs):
-    trace = core.active
-    if trace is None or local.inside or not args:
-        return op(*args, **kwargs)
-    entry = trace.functional.pop(_storage(args[0]), None)
-    if entry is None or entry[2] is None:
-        return op(*args, **kwargs)  # not ours, or another output of the same op was waited on
-    label_b, seq = entry[0], entry[1]
-    core.os.write(trace.fd, core.take_pending(trace) + core.W_LINE % (label_b, seq, core.perf_counter_ns() - trace.t0_ns))
-    entry[2] = WAITING
-    local.inside = True
-    try:
-        result = op(*args, **kwargs)
-    finally:
-        local.inside = False
-    # written with the next line, or by the flusher thread (trace_core.FLUSH_EVERY)
-    trace.pending = core.C_LINE % (b"C\t" + label_b + b"\t", seq, core.perf_counter_ns() - trace.t0_ns)
-    entry[2] = None
-    return result
 
 
 class TracedOp:

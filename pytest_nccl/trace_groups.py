@@ -23,7 +23,8 @@ import torch.distributed.distributed_c10d as c10d
 
 from . import trace_core as core
 from .records import SHAPE_MATCHED_OPS
-from .trace_core import call_site, describe, local
+from .trace_core import describe, local
+from .trace_sites import _PKG_DIR, _TORCH_DIR, call_site
 
 _ABSENT = object()
 
@@ -153,7 +154,7 @@ _side_count = 0
 def caller_file(depth: int = 2) -> str:
     """The file of the first frame above ``depth`` that is not pytest_nccl's (its wrappers)."""
     frame = sys._getframe(depth)
-    while frame is not None and frame.f_code.co_filename.startswith(core._PKG_DIR):
+    while frame is not None and frame.f_code.co_filename.startswith(_PKG_DIR):
         frame = frame.f_back
     return frame.f_code.co_filename if frame is not None else ""
 
@@ -197,7 +198,7 @@ def named_backend_init(cls, real):
         real(self, *args, **kwargs)
         global _side_count
         try:
-            if not caller_file().startswith(core._TORCH_DIR):
+            if not caller_file().startswith(_TORCH_DIR):
                 _side_count += 1
                 register_side(self, f"{backend}{_side_count}", self.size())
         except Exception:

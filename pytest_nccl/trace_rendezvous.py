@@ -25,7 +25,8 @@ import torch.distributed.distributed_c10d as c10d
 
 from . import trace_core as core
 from . import trace_groups
-from .trace_core import call_site, local
+from .trace_core import local
+from .trace_sites import _TORCH_DIR, call_site
 
 LABEL = "outside"             # the journal's pseudo-group of waits outside any collective
 THREAD_NAME = "pytest-nccl-rendezvous"  # stacks.THREAD_PREFIX: never shown in a rank's stack
@@ -91,7 +92,7 @@ def _waits_outside(what: str, describe):
     def wrap(real):
         def traced(*args, **kwargs):
             trace = core.active
-            if trace is None or local.inside or trace_groups.caller_file().startswith(core._TORCH_DIR):
+            if trace is None or local.inside or trace_groups.caller_file().startswith(_TORCH_DIR):
                 return real(*args, **kwargs)
             try:
                 text, watch = describe(args, kwargs)

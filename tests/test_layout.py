@@ -10,7 +10,7 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "pytest_nccl"
 # What every forked rank imports: small, fast to load, nothing of the controller side.
 RANK_SIDE = {"rank", "tracer", "journal", "protocol", "stacks", "zygote", "records", "errors",
-             "trace_core", "trace_functional", "trace_groups", "trace_rendezvous",
+             "trace_core", "trace_sites", "trace_args", "trace_functional", "trace_groups", "trace_rendezvous",
              # pytest-nccl watch: the start-up hook every process of a watched job runs
              "watch", "watch.startup", "watch.startup.sitecustomize", "watch.inject", "watch.agent",
              "watch.jobdir"}

@@ -20,7 +20,6 @@ from torch import nn
 from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
-import pytest_nccl
 from modern_helpers import cpu_mesh, last_rank, site
 
 
