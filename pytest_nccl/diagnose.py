@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from .records import (OUTSIDE, P2P_OPS, SHAPE_MATCHED_OPS, SPLIT_OPS, CollectiveRecord, P2PIndex, RankState, RankView,
                       group_base, headline_site, members_of, rank_ranges, rendezvous_at, short_path, short_site,
                       digests_agree, split_disagreement, stack_top, stuck_ranks)
-from .waits import FULL, NO_FUNCTION, busy_at, in_rendezvous, outside_text, running_state, seconds
+from .waits import FULL, NO_FUNCTION, busy_at, elsewhere, in_rendezvous, running_state, seconds
 
 __all__ = ["Diagnosis", "Divergence", "diagnose", "first_divergence", "digests_agree", "members_of", "brief",
            "short_path", "short_site", "stack_top", "headline_site", "split_disagreement", "where"]
@@ -220,9 +220,7 @@ def _waiting_summary(views: list[RankView]) -> str:
         if v.status == RankState.RUNNING and v.current is not None:
             at.setdefault(where(v.current), []).append(v.rank)
     parts = [f"{_rank_list(rs)} wait{'s' if len(rs) == 1 else ''} in {pos}" for pos, rs in list(at.items())[:2]]
-    parts += [f"rank {v.rank} {outside_text(v, {w.rank: w for w in views})}" for v in views  # a store, a group
-              if v.status == RankState.RUNNING and v.current is None and v.outside_wait is not None][:1]
-    return "".join("; " + p for p in parts)
+    return "".join("; " + p for p in parts + elsewhere(views))  # and the ranks outside any collective
 
 
 # -- the diagnosis --------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ who joined; any other rank by its stack's innermost user frame and that line's s
 
 from __future__ import annotations
 
-from .records import OUTSIDE, RankView, headline_site, rank_ranges, stack_source, stack_top
+from .records import OUTSIDE, RankState, RankView, headline_site, rank_ranges, stack_source, stack_top
 
 # Waits in which other members must arrive: a rank blocked there waits in a rendezvous.
 RENDEZVOUS_WAITS = frozenset({"TCPStore", "ProcessGroupGloo", "ProcessGroupNCCL", "ProcessGroupXCCL",
@@ -66,6 +66,20 @@ def outside_text(view: RankView, views: dict | None = None) -> str:
         if never:
             text += f": group rank{'s' if len(never) > 1 else ''} {rank_ranges(never)} never joined"
     return text
+
+
+def elsewhere(views: list) -> list[str]:
+    """For a headline about a rank that raised or died: where the running ranks outside any
+    collective are ('rank 1 is busy outside any collective at x.py:8: time.sleep(60)': the peer a
+    monitored_barrier waited for), ranks in one place together, the first place only."""
+    by_rank = {v.rank: v for v in views}
+    at: dict[str, list[int]] = {}
+    for v in views:
+        if v.status == RankState.RUNNING and v.current is None:
+            text = running_state(v, by_rank, NO_FUNCTION)
+            if text:
+                at.setdefault(text, []).append(v.rank)
+    return [f"{_ranks_text(ranks)} {text}" for text, ranks in list(at.items())[:1]]
 
 
 def in_rendezvous(view: RankView) -> bool:

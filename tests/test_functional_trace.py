@@ -79,6 +79,12 @@ def test_zz_agreeing_functional_and_pg_calls_pass(rank):
     assert x.to_local().sum().item() == 28.0
     dist.group.WORLD.allreduce([torch.ones(1)]).wait()
     assert compiled_step(torch.ones(2)).tolist() == [5.0, 5.0]
+    from torch.distributed.device_mesh import DeviceMesh
+    from pytest_nccl import tracer
+    group = dist.new_group([0, 1], group_desc="wrapped")
+    wrapped = DeviceMesh.from_group(group, "cpu")  # a mesh over a group made before
+    y = distribute_tensor(torch.arange(8.0).reshape(4, 2), wrapped, [Shard(0)]).redistribute(wrapped, [Replicate()])
+    assert y.to_local().sum().item() == 28.0 and tracer.pg_label(group)[0] == "wrapped[0,1]"
 """
 
 

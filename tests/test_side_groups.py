@@ -61,6 +61,14 @@ def test_weight_sync_blocks_while_others_gather(rank):
     dist.all_gather_into_tensor(torch.zeros(4), torch.ones(2))  # GATHER
 
 
+@pytest.mark.nccl(world=2, timeout=20)
+def test_monitored_barrier_peer_sleeps(rank):
+    import time
+    if rank == 1:
+        time.sleep(60)  # PEER: never arrives
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=2))
+
+
 @pytest.mark.nccl(world=2, timeout=60)
 def test_zz_streaming_server_passes_and_the_group_is_named(rank):
     from pytest_nccl import tracer
@@ -92,7 +100,7 @@ def inner(tmp_path_factory):
 
 
 def test_session_outcomes(inner):
-    assert inner.result.parseoutcomes() == {"passed": 1, "failed": 2}, inner.text
+    assert inner.result.parseoutcomes() == {"passed": 1, "failed": 3}, inner.text
 
 
 def test_rendezvous_names_who_never_joined_and_where(inner):
@@ -111,3 +119,9 @@ def test_rank_in_a_side_group_is_named_with_the_group_and_the_line(inner):
     assert re.search(rf"rank 0 waits in broadcast #1 of group weights\[0,\+1\] from {_line('# SEND')} instead, "
                      rf"after \d+ collectives? in group default; rank 1 waited for the whole 8 s bound in "
                      rf"all_gather_into_tensor #\d+ of group default from {_line('# GATHER')}", headline), headline
+
+
+def test_a_monitored_barrier_names_where_its_missing_peer_is(inner):
+    headline = inner.section("test_monitored_barrier_peer_sleeps").splitlines()[1]
+    assert headline == (f"rank 0 raised RuntimeError: [Rank 0]: Rank 1 failed to pass monitoredBarrier in 2000 ms; "
+                        f"rank 1 is busy outside any collective at {_line('# PEER')}: time.sleep(60)"), headline
