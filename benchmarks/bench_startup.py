@@ -4,7 +4,8 @@
   from torch.testing._internal.common_distributed (needs `expecttest`);
 - pytest-nccl through real pytest sessions, and its group pool directly (first group, warm call,
   fresh group after a failure);
-- the tracer: 5000 one-element all_reduces with tracing on and off, in one group.
+- the tracer: one-element all_reduces (c10d and functional) with tracing on and off, in one
+  group, and each wrapper's own CPU per collective (``tracer_cpu_cost``).
 
 Run: python benchmarks/bench_startup.py [--world 4] [--tests 20] [--spawn-tests 5]
 Prints the figures and the ratios against the targets of the issue. No assertion: a benchmark
@@ -107,47 +108,88 @@ def ours_sessions(world: int, tests: int, workdir: str) -> dict:
     return {"first_test": on[0], "per_test": sum(on[1:]) / tests, "per_test_untraced": sum(off[1:]) / tests}
 
 
-def tracer_cpu_cost(n: int = 20000, rounds: int = 5) -> tuple[float, float, float]:
-    """Seconds per one-element all_reduce in a one-rank gloo group in one process, tracer active and
-    not, interleaved, best of ``rounds`` (free of the scheduling noise of 4 ranks on 2 cores); and
-    the traced wrapper alone around a function that does nothing (its own CPU, without the
-    collective it would enter)."""
+def tracer_cpu_cost(n: int = 20000, rounds: int = 5) -> dict:
+    """The tracer's cost per collective, in one process with a one-rank gloo group (free of the
+    scheduling noise of 4 ranks on 2 cores), best of ``rounds``, tracer active and not interleaved:
+
+    - ``c10d_on``/``c10d_off``: a one-element ``dist.all_reduce``, wall time;
+    - ``wrapper``: the traced c10d wrapper alone around a function that does nothing (its own work
+      without the collective it would enter), wall and thread CPU time, called in a loop (one call
+      site, the common case) and from a fresh frame per call (``wrapper_fresh``);
+    - ``funcol_on``/``funcol_off``: a one-element functional all_reduce and its wait
+      (``torch.distributed._functional_collectives``, what DTensor and compiled graphs issue);
+    - ``funcol_wrapper``: the functional op's and wait_tensor's tracing alone, around ops that do
+      nothing."""
     code = f"""
 import os, sys, tempfile, time
 os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
 import torch, torch.distributed as dist
-from pytest_nccl.rank import tracer
+import torch.distributed._functional_collectives as funcol
+from pytest_nccl.rank import tracer, trace_functional
 tracer.install()
 dist.init_process_group("gloo", store=dist.FileStore(tempfile.mktemp(), 1), rank=0, world_size=1)
 t = torch.ones(1)
-def run():
-    start = time.perf_counter()
-    for _ in range({n}):
-        dist.all_reduce(t)
-    return (time.perf_counter() - start) / {n}
-on, off = [], []
+N = {n}
 journal = tempfile.mktemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-for _ in range({rounds}):
-    off.append(run())
-    tracer.start(journal); on.append(run()); tracer.stop()
-os.unlink(journal)
+
+def timed(loop, clock=time.perf_counter):
+    start = clock()
+    loop()
+    return (clock() - start) / N
+
+def c10d():
+    for _ in range(N):
+        dist.all_reduce(t)
+
+def functional():
+    for _ in range(N):
+        funcol.all_reduce(t, "sum", dist.group.WORLD).wait()
+
+def both(loop):
+    on, off = [], []
+    for _ in range({rounds}):
+        off.append(timed(loop))
+        tracer.start(journal); on.append(timed(loop)); tracer.stop()
+    return min(on), min(off)
+
+c10d_on, c10d_off = both(c10d)
+funcol_on, funcol_off = both(functional)
 
 def all_reduce(tensor, op=None, group=None, async_op=False):  # the same signature, no collective
     return None
 wrapped = tracer._wrap("all_reduce", all_reduce)
 def alone():
-    start = time.perf_counter()
-    for _ in range({n}):
+    for _ in range(N):
         wrapped(t)
-    return (time.perf_counter() - start) / {n}
-tracer.start(journal); wrapper = min(alone() for _ in range({rounds})); tracer.stop()
+def once():
+    wrapped(t)
+def fresh():
+    for _ in range(N):
+        once()
+name = dist.group.WORLD.group_name
+op = trace_functional.traced_op("all_reduce", lambda x, red, group: x)
+wait = trace_functional.traced_op("wait_tensor", lambda x: x)
+def functional_alone():
+    for _ in range(N):
+        wait(op(t, "sum", name))
+tracer.start(journal)
+wrapper = min(timed(alone) for _ in range({rounds}))
+wrapper_cpu = min(timed(alone, time.thread_time) for _ in range({rounds}))
+wrapper_fresh = min(timed(fresh, time.thread_time) for _ in range({rounds}))
+funcol_wrapper = min(timed(functional_alone, time.thread_time) for _ in range({rounds}))
+tracer.stop()
 os.unlink(journal)
 dist.destroy_process_group()  # gloo's threads abort the interpreter's exit otherwise
-print(min(on), min(off), wrapper)
+print(c10d_on, c10d_off, funcol_on, funcol_off, wrapper, wrapper_cpu, wrapper_fresh, funcol_wrapper)
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    on, off, wrapper = map(float, out.split())
-    return on, off, wrapper
+    with tempfile.TemporaryDirectory() as workdir:  # a file, as a user's code is ("-c" code has no call site)
+        script = os.path.join(workdir, "tracer_cost.py")
+        with open(script, "w") as f:
+            f.write(code)
+        out = subprocess.run([sys.executable, script], capture_output=True, text=True, check=True).stdout
+    keys = ("c10d_on", "c10d_off", "funcol_on", "funcol_off", "wrapper", "wrapper_cpu", "wrapper_fresh",
+            "funcol_wrapper")
+    return dict(zip(keys, map(float, out.split()[-len(keys):]), strict=True))
 
 
 def _gloo():
@@ -212,11 +254,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as workdir:
         pool = ours_pool(args.world, args.tests)
         sessions = ours_sessions(args.world, args.tests, workdir)
-        traced, untraced, wrapper = tracer_cpu_cost()
+        cost = tracer_cpu_cost()
         harness = None if args.skip_torch else torch_harness(args.world, args.tests, args.spawn_tests, workdir)
 
     ms = 1000.0
-    overhead_us = (traced - untraced) * 1e6
+    overhead_us = (cost["c10d_on"] - cost["c10d_off"]) * 1e6
+    funcol_us = (cost["funcol_on"] - cost["funcol_off"]) * 1e6
     ring_us = (pool["collective_traced"] - pool["collective_untraced"]) * 1e6
     print(f"world {args.world}, gloo, {os.cpu_count()} cores, {args.tests} trivial tests")
     print(f"pytest-nccl  fork server + first group, cold (pool API):     {pool['first_group']:.2f} s")
@@ -225,16 +268,23 @@ def main() -> None:
           f"{sessions['per_test_untraced'] * ms:.2f} ms")
     print(f"pytest-nccl  warm call, trivial function (pool API):         {pool['warm_call'] * ms:.2f} ms")
     print(f"pytest-nccl  fresh group after a failure (kill + fork + join): {pool['respawn']:.3f} s")
-    print(f"pytest-nccl  all_reduce, 1 rank, in process, traced / untraced: {traced * 1e6:.1f} / "
-          f"{untraced * 1e6:.1f} us")
-    print(f"pytest-nccl  the traced wrapper alone (no collective inside):    {wrapper * 1e6:.1f} us")
+    print(f"pytest-nccl  all_reduce, 1 rank, in process, traced / untraced: {cost['c10d_on'] * 1e6:.1f} / "
+          f"{cost['c10d_off'] * 1e6:.1f} us")
+    print(f"pytest-nccl  functional all_reduce + wait, traced / untraced:  {cost['funcol_on'] * 1e6:.1f} / "
+          f"{cost['funcol_off'] * 1e6:.1f} us")
+    print(f"pytest-nccl  the traced c10d wrapper alone (no collective inside): {cost['wrapper'] * 1e6:.2f} us wall, "
+          f"{cost['wrapper_cpu'] * 1e6:.2f} us CPU; "
+          f"from a fresh frame per call {cost['wrapper_fresh'] * 1e6:.2f} us CPU")
+    print("pytest-nccl  the functional op's and its wait's tracing alone:      "
+          f"{cost['funcol_wrapper'] * 1e6:.2f} us CPU")
     print(f"pytest-nccl  all_reduce at world {args.world}, traced / untraced:        "
           f"{pool['collective_traced'] * 1e6:.0f} / {pool['collective_untraced'] * 1e6:.0f} us "
           f"(difference {ring_us:.0f} us: scheduling noise of {args.world} ranks on {os.cpu_count()} cores)")
     if harness:
         print(f"torch MultiProcessTestCase      per test (a spawn each):      {harness['spawn_per_test']:.2f} s")
         print(f"torch MultiProcContinuousTest   first test (spawn included):  {harness['continuous_start']:.2f} s")
-        print(f"torch MultiProcContinuousTest   warm test:                    {harness['continuous_per_test'] * ms:.2f} ms")
+        print("torch MultiProcContinuousTest   warm test:                    "
+              f"{harness['continuous_per_test'] * ms:.2f} ms")
     print()
     print("ratios (target in brackets):")
     if harness:
@@ -250,7 +300,9 @@ def main() -> None:
     print(f"  warm call overhead (pool API), trace on:       {pool['warm_call'] * ms:.2f} ms  [<= 3 ms]")
     print(f"  fresh group after a failure:                   {pool['respawn']:.3f} s  [<= 0.5 s]")
     print(f"  tracing, added per collective (1 rank, in process): {overhead_us:.1f} us  [<= 20 us]")
-    print(f"  tracing, the wrapper's own CPU per collective:      {wrapper * 1e6:.1f} us")
+    print(f"  tracing, the c10d wrapper's own CPU per collective: {cost['wrapper_cpu'] * 1e6:.2f} us  [<= 2 us]")
+    print(f"  tracing, added per functional collective:           {funcol_us:.1f} us; its own CPU "
+          f"{cost['funcol_wrapper'] * 1e6:.2f} us  [<= the c10d wrapper's]")
 
 
 if __name__ == "__main__":

@@ -25,9 +25,19 @@ def test_cpp_entries_fill_the_gaps_numbered_by_the_groups_own_sequence():
     merged = merge({0: python}, {0: recorded})[0]
     assert [(r.seq, r.op, r.source) for r in merged] == [
         (1, "all_reduce", "python"), (2, "broadcast", "flight-recorder"),
-        (3, "all_gather_object", "python"), (5, "all_reduce", "flight-recorder")]  # #4 ran inside #3
+        (3, "all_gather_object", "python"), (4, "all_reduce", "flight-recorder")]  # 14 ran inside #3
     assert merged[1].shapes == "[20]" and merged[1].dtype == "float32"
     assert merged[3].pending and not merged[1].pending
+
+
+def test_positions_after_a_composite_op_follow_on_without_a_gap():
+    """all_gather_object is one record that used two sequence ids: the next collective is the next
+    position on every rank, as the referee and the diagnosis count positions (records_in)."""
+    python = {r: [CollectiveRecord(r, "default", 1, "all_gather_object", fr_seq=5, fr_seq_end=6),
+                  CollectiveRecord(r, "default", 2, "all_reduce", fr_seq=7)] for r in (0, 1)}
+    python[1].append(CollectiveRecord(1, "default", 3, "barrier", fr_seq=8))
+    merged = merge(python, {})
+    assert [[r.seq for r in merged[rank]] for rank in (0, 1)] == [[1, 2], [1, 2, 3]]
 
 
 def test_group_names_line_up_with_journal_labels():

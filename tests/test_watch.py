@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -259,10 +260,11 @@ def test_every_rank_stuck_past_the_timeout(tmp_path):
 def test_slow_rank_past_the_timeout(tmp_path):
     run = watch(tmp_path, "slow", "--timeout", "3")
     assert run.code == EXIT_DIAGNOSED, run.text
-    assert (f"slow rank: rank 1 is busy outside any collective at train.py:{line('# the slow rank')} "
-            f"(in <module>), after 3 collectives in group default; rank 0 waited 3 s (--timeout) with no "
-            f"progress in all_reduce #4 of group default from train.py:{line('# rank 0 waits for it')}"
-            ) in run.stderr, run.stderr
+    # where the slow rank is, and what it does there (its line's source; the function's name when short)
+    assert re.search(rf"slow rank: rank 1 is busy outside any collective at train.py:{line('# the slow rank')}"
+                     rf"( \(in <module>\))?: time\.sleep\(300\), after 3 collectives in group default; rank 0 "
+                     rf"waited 3 s \(--timeout\) with no progress in all_reduce #4 of group default from "
+                     rf"train.py:{line('# rank 0 waits for it')}", run.stderr), run.stderr
     assert "-- Python stack of rank 1 (all threads) --" in run.stderr
     assert 3 <= run.summary["elapsed_s"] < 15, run.summary
 
@@ -287,8 +289,8 @@ def test_ddp_collectives_issued_from_cpp(tmp_path):
 def test_ddp_slow_rank_is_seen_by_the_flight_recorder(tmp_path):
     run = watch(tmp_path, "slow", "--timeout", "3", source=DDP)
     assert run.code == EXIT_DIAGNOSED, run.text
-    assert (f"slow rank: rank 1 is busy outside any collective at train.py:{line_of(DDP, '# the slow rank')} "
-            "(in <module>)") in run.stderr, run.stderr
+    assert re.search(rf"slow rank: rank 1 is busy outside any collective at train.py:{line_of(DDP, '# the slow rank')}"
+                     rf"( \(in <module>\))?: time\.sleep\(300\)", run.stderr), run.stderr
     assert "rank 0 waited 3 s (--timeout) with no progress in all_reduce #" in run.stderr
     assert "(issued from C++, seen by the Flight Recorder)" in run.stderr
 

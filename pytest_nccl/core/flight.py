@@ -87,10 +87,20 @@ def merge(journals: dict[int, list[CollectiveRecord]],
             else:
                 base[rec.pg] = min(base.get(rec.pg, rec.fr_seq), rec.fr_seq)
     for records in merged.values():
-        for rec in records:
-            if rec.fr_seq is not None and rec.pg in base and rec.pg not in unnumbered and not rec.pg.endswith(":p2p"):
-                rec.seq = rec.fr_seq - base[rec.pg] + 1
+        _renumber([r for r in records if r.pg in base and r.pg not in unnumbered and not r.pg.endswith(":p2p")], base)
     return merged
+
+
+def _renumber(records: list[CollectiveRecord], base: dict[str, int]) -> None:
+    """One rank's records of numbered groups: position from the group's sequence id, less the ids
+    that composite ops before it used beyond their first (all_gather_object runs two collectives,
+    and is one record)."""
+    extra: dict[str, int] = {}
+    for rec in sorted(records, key=lambda r: r.fr_seq or 0):
+        fr_seq = rec.fr_seq or 0  # every record here is numbered (merge() keeps the others apart)
+        rec.seq = fr_seq - base[rec.pg] + 1 - extra.get(rec.pg, 0)
+        if rec.fr_seq_end is not None and rec.fr_seq_end > fr_seq:
+            extra[rec.pg] = extra.get(rec.pg, 0) + rec.fr_seq_end - fr_seq
 
 
 def _combine(python: list[CollectiveRecord], recorded: list[CollectiveRecord]) -> list[CollectiveRecord]:

@@ -43,6 +43,8 @@ def label_ranks(pg: str) -> list[int] | None:
     if "[" not in pg or "]" not in pg:
         return None
     inside = pg[pg.find("[") + 1: pg.find("]")]
+    if ",+" in inside:  # "weights[0,+1]": a side group; its other members are not ranks of this world
+        inside = inside.split(",+", 1)[0]
     return parse_ranges(inside) if inside and "..." not in inside else None
 
 

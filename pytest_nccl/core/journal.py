@@ -5,10 +5,21 @@ page cache the moment the call returns, so a SIGABRT inside gloo (or a SIGKILL) 
 the controller can read it while the rank is stuck. One file per rank per call, tab-separated:
 
     E <pg> <seq> <op> <async> <t> <shapes> <dtype> <fr_seq> <site> [<args>]   entered
-    W <pg> <seq> <t> [<i>]                                         waits on an async op (Work.wait)
+    W <pg> <seq> <t> [<i>]                                         waits on an async op (Work.wait,
+                                                                   a functional op's wait_tensor)
     C <pg> <seq> <t> [<i>]                                         completed
     R <pg> <seq> <fr_seq_end>                                      composite op (all_gather_object):
                                                                    last group sequence id it used
+    O outside <seq> <what> 0 <t> ... <site> [<args>]               (v3) waits outside any collective:
+                                                                   a store or a group being created,
+                                                                   a store read (trace_rendezvous.py)
+    U outside <seq> <args>                                         (v3) what such a wait learned since
+                                                                   (which members joined)
+
+``<t>``: seconds since the call started, as a decimal ("0.001520") or as an integer count of
+nanoseconds written "<ns>e-9" (the tracer's hot path: cheaper to format); both read with float().
+A synchronous collective's C line may come with the next line the rank writes (at most
+``trace_core.FLUSH_EVERY`` later): lines are matched by (pg, seq), never by their order.
 
 ``<args>`` (format v2; absent in v1 journals, which still read) is what every rank must agree on,
 space-separated ``key=value`` items, each optional:
@@ -20,6 +31,14 @@ space-separated ``key=value`` items, each optional:
                         the GLOBAL peer (* = any source), ':' the tag; several for batch_isend_irecv
     g=4                 the c10d group name (the label is the user's: "tp[2,3]")
 
+The arguments of O and U lines (v3), each optional, go to the record's ``detail``:
+
+    store=host:port     the store (a TCPStore's address, else its type)
+    n=3                 members of the store or group; r=1: this rank's rank among them
+    role=server         a TCPStore's role (its server waits for every member to connect)
+    name=weights        the group's name; key=ready: the key a store read waits for
+    joined=0,1          the members whose address is in the group's store ("-": none yet)
+
 ``<i>`` on W and C: the index of the transfer of a batch_isend_irecv whose Work it is (one Work per
 transfer); without it, the line is about every transfer of the record.
 
@@ -30,8 +49,8 @@ from __future__ import annotations
 
 import os
 
-from .states import RecordState
-from .records import CollectiveRecord, P2P
+from .records import P2P, CollectiveRecord
+from .states import RecordState, Source
 
 
 class JournalWriter:
@@ -81,6 +100,28 @@ def _apply_args(rec: CollectiveRecord, text: str) -> None:
             rec.group = value
 
 
+def _apply_detail(rec: CollectiveRecord, text: str) -> None:
+    for item in text.split(" "):
+        key, _, value = item.partition("=")
+        if key:
+            rec.detail[key] = value
+
+
+def _entered(fields: list, rank: int, with_args: bool = True) -> CollectiveRecord:
+    """The record of an E or O line (at least 10 fields); ``with_args``: read an E line's <args>."""
+    rec = CollectiveRecord(
+        rank=rank, pg=fields[1], seq=int(fields[2]), op=fields[3], async_op=fields[4] == "1",
+        t_start=float(fields[5]), shapes=fields[6], dtype=fields[7],
+        fr_seq=int(fields[8]) if fields[8] not in ("", "None") else None, site=fields[9], state=RecordState.ENTERED)
+    if fields[0] == "O":
+        rec.source = Source.OUTSIDE
+        if len(fields) > 10 and fields[10]:
+            _apply_detail(rec, fields[10])
+    elif with_args and len(fields) > 10 and fields[10]:
+        _apply_args(rec, fields[10])
+    return rec
+
+
 def _mark(rec: CollectiveRecord, kind: str, t: float, index: int) -> None:
     """A W or C line: for one transfer of a batch, or for the whole record."""
     new = RecordState.WAITING if kind == "W" else RecordState.COMPLETED
@@ -90,7 +131,8 @@ def _mark(rec: CollectiveRecord, kind: str, t: float, index: int) -> None:
                 if new == RecordState.COMPLETED or p.state != RecordState.COMPLETED:
                     p.state = new
         states = {p.state for p in rec.p2p}
-        state = RecordState.COMPLETED if states == {RecordState.COMPLETED} else RecordState.WAITING if RecordState.WAITING in states else RecordState.ENTERED
+        state = (RecordState.COMPLETED if states == {RecordState.COMPLETED} else
+                 RecordState.WAITING if RecordState.WAITING in states else RecordState.ENTERED)
     else:
         state = new if new == RecordState.COMPLETED or rec.state != RecordState.COMPLETED else RecordState.COMPLETED
     if state == RecordState.COMPLETED and rec.state != RecordState.COMPLETED:
@@ -110,25 +152,21 @@ def parse_journal(text: str, rank: int) -> list[CollectiveRecord]:
         fields = line.split("\t")
         kind = fields[0]
         try:
-            if kind == "E" and len(fields) >= 10:
-                rec = CollectiveRecord(
-                    rank=rank, pg=fields[1], seq=int(fields[2]), op=fields[3],
-                    async_op=fields[4] == "1", t_start=float(fields[5]), shapes=fields[6],
-                    dtype=fields[7], fr_seq=int(fields[8]) if fields[8] not in ("", "None") else None,
-                    site=fields[9], state=RecordState.ENTERED)
-                if len(fields) > 10 and fields[10]:
-                    _apply_args(rec, fields[10])
-                records.append(rec)
-                by_key[(rec.pg, rec.seq)] = rec
-            elif kind == "R" and len(fields) >= 4:
-                rec = by_key.get((fields[1], int(fields[2])))
-                if rec is not None:
-                    rec.fr_seq_end = int(fields[3])
-            elif kind in ("W", "C") and len(fields) >= 4:
-                rec = by_key.get((fields[1], int(fields[2])))
-                if rec is not None:
-                    index = int(fields[4]) if len(fields) > 4 and fields[4] else -1
-                    _mark(rec, kind, float(fields[3]), index)
+            if kind in ("E", "O") and len(fields) >= 10:
+                entered = _entered(fields, rank)
+                records.append(entered)
+                by_key[(entered.pg, entered.seq)] = entered
+                continue
+            rec = by_key.get((fields[1], int(fields[2]))) if len(fields) >= 4 else None
+            if rec is None:
+                continue
+            if kind == "U":
+                _apply_detail(rec, fields[3])
+            elif kind == "R":
+                rec.fr_seq_end = int(fields[3])
+            elif kind in ("W", "C"):
+                index = int(fields[4]) if len(fields) > 4 and fields[4] else -1
+                _mark(rec, kind, float(fields[3]), index)
         except ValueError:
             continue
     return records
@@ -162,18 +200,17 @@ class JournalTail:
             fields = line.split("\t")
             kind = fields[0]
             try:
-                if kind == "E" and len(fields) >= 10:
-                    rec = CollectiveRecord(
-                        rank=self.rank, pg=fields[1], seq=int(fields[2]), op=fields[3],
-                        async_op=fields[4] == "1", t_start=float(fields[5]), shapes=fields[6],
-                        dtype=fields[7], fr_seq=int(fields[8]) if fields[8] not in ("", "None") else None,
-                        site=fields[9], state=RecordState.ENTERED)
-                    new.append(rec)
-                    self.by_key[(rec.pg, rec.seq)] = rec
-                elif kind in ("W", "C", "R") and len(fields) >= 4:
-                    rec = self.by_key.get((fields[1], int(fields[2])))
-                    if rec is None:
-                        continue
+                if kind in ("E", "O") and len(fields) >= 10:
+                    entered = _entered(fields, self.rank, with_args=False)
+                    new.append(entered)
+                    self.by_key[(entered.pg, entered.seq)] = entered
+                    continue
+                rec = self.by_key.get((fields[1], int(fields[2]))) if len(fields) >= 4 else None
+                if rec is None:
+                    continue
+                if kind == "U":
+                    _apply_detail(rec, fields[3])
+                elif kind in ("W", "C", "R"):
                     if kind == "R":
                         rec.fr_seq_end = int(fields[3])
                     elif kind == "W":

@@ -55,6 +55,7 @@ class CollectiveRecord:
     splits: str = ""        # SPLIT_OPS: "<sent to each group rank>/<expected from each>", e.g. "2,2/1,3"
     p2p: list = field(default_factory=list)  # P2P transfers of a point-to-point record
     group: str = ""         # the c10d group name ("0": the default group), for the Flight Recorder
+    detail: dict = field(default_factory=dict)  # OUTSIDE: store, n, r, role, name, key, joined (journal v3)
 
     @property
     def signature(self) -> tuple:
@@ -114,12 +115,23 @@ class RankView:
         """The collective this rank sits in now (the last pending synchronous one, or the async one it
         waits on), or None when it is outside any collective."""
         for rec in reversed(self.records):
+            if rec.source == Source.OUTSIDE:
+                continue
             if rec.state == RecordState.WAITING or (rec.state == RecordState.ENTERED and not rec.async_op):
                 return rec
         # issued from C++ (DDP's reducer): the Flight Recorder's last unfinished entry
         for rec in reversed(self.records):
             if rec.source == Source.FLIGHT_RECORDER:
                 return rec if rec.pending else None
+        return None
+
+    @property
+    def outside_wait(self) -> CollectiveRecord | None:
+        """The wait outside any collective this rank is in (a store or a group being created, a
+        store read), when it is in no collective."""
+        for rec in reversed(self.records):
+            if rec.source == Source.OUTSIDE and rec.pending:
+                return rec if self.current is None else None
         return None
 
     @property

@@ -7,6 +7,7 @@ everything here reads text, so it works on what any rank of any installation wro
 from __future__ import annotations
 
 import os
+import re
 
 _OURS = os.sep + "pytest_nccl" + os.sep
 _USERS = _OURS + "testing" + os.sep   # helpers for the user's own tests: their frames are the user's
@@ -102,6 +103,14 @@ def stack_top(stack: str) -> str:
         return ""
     path, line, func, _ = frames[-1]
     return f"{short_path(path)}:{line} (in {func})"
+
+
+def stack_source(stack: str) -> str:
+    """The source line of the main thread's innermost frame outside pytest_nccl ("time.sleep(60)"):
+    what a rank outside any collective is doing there."""
+    frames = _user_frames(stack)
+    source = frames[-1][3] if frames else ""
+    return re.sub(r"\s+#[^'\"]*$", "", source)  # without a trailing comment
 
 
 def rendezvous_at(stack: str) -> str:

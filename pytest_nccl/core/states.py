@@ -63,6 +63,8 @@ class Source(_Word):
     """Where a record came from."""
     PYTHON = "python"                    # the tracer's journal, written before the rank entered it
     FLIGHT_RECORDER = "flight-recorder"  # torch's Flight Recorder: issued from C++ (DDP's reducer)
+    OUTSIDE = "outside"                  # a wait outside any collective the tracer journaled (a store or a
+                                         # group being created, a store read: journal v3)
 
 
 class Reason(_Word):

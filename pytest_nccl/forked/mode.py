@@ -124,10 +124,13 @@ class ForkedMode:
         call.journal_dir = pool.new_call_dir()
         call.trace = self.session.settings.trace
         call.sys_path = list(sys.path)
+        result = None
         try:
             result = group.run(call, budget.bound())
         finally:
-            if not group.healthy:
+            # ranks that issued different collectives (a rank skipped new_group, a mismatch gloo
+            # completed) hold c10d state that differs across them: the next call gets a fresh group
+            if not group.healthy or (result is not None and not result.clean):
                 pool.release()
         try:
             return self._judge(call, result, world, placement.backend, item)

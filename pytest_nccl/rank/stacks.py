@@ -1,6 +1,6 @@
 """Rank side: the one formatter of stacks and exceptions, and how a test body ended.
 
-Standard library only (every rank imports it). Used by forked ranks (``rank.py``) and SPMD ranks
+Standard library only (every rank imports it). Used by forked ranks (``rank/loop.py``) and SPMD ranks
 (``spmd/``): both show the user's frames, not ours (the tracer's wrappers, the rank loop, pytest and
 pluggy around the body in SPMD mode).
 """
@@ -16,14 +16,18 @@ from ..core.sites import is_ours
 from ..core.states import RankState
 
 THREAD_PREFIX = "pytest-nccl-"      # our own threads (reader, watchdog, decider): never shown
-_TRACER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tracer.py")
+# tracer.py and the trace_*.py modules beside this one: their wrappers are never shown
+_TRACER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trace")
+
+
+def _is_tracer(path: str) -> bool:
+    return path.startswith(_TRACER) and os.sep not in path[len(_TRACER):]
 
 
 def _harness_dirs() -> tuple:
     """pytest's and pluggy's code: the generic folder names, and the pytest package's own folder."""
     dirs = [os.sep + "_pytest" + os.sep, os.sep + "pluggy" + os.sep]
-    mod = sys.modules.get("pytest")
-    path = getattr(mod, "__file__", None) if mod is not None else None
+    path = getattr(sys.modules.get("pytest"), "__file__", None)
     if path:
         dirs.append(os.path.dirname(path) + os.sep)
     return tuple(dirs)
@@ -65,10 +69,10 @@ def format_stacks(cut_main_to_user: bool = False) -> str:
         name = names.get(ident, str(ident))
         if ident == threading.get_ident() or name.startswith(THREAD_PREFIX):
             continue
-        frames: list[traceback.FrameSummary] = traceback.extract_stack(frame)
+        frames: list = list(traceback.extract_stack(frame))
         if ident == main and cut_main_to_user:
             frames = user_frames(frames)
-        frames = [f for f in frames if f.filename != _TRACER]
+        frames = [f for f in frames if not _is_tracer(f.filename)]
         parts.append(f"Thread {name}:\n" + "".join(traceback.format_list(frames)))
     return "\n".join(parts)
 
@@ -76,10 +80,10 @@ def format_stacks(cut_main_to_user: bool = False) -> str:
 def format_exception(exc: BaseException, drop: tuple = (), cut_to_user: bool = False) -> str:
     """The traceback without the tracer's wrappers and the files in ``drop`` (the rank loop);
     ``cut_to_user``: from the first frame that is not the harness's."""
-    frames: list[traceback.FrameSummary] = traceback.extract_tb(exc.__traceback__)
+    frames: list = list(traceback.extract_tb(exc.__traceback__))
     if cut_to_user:
         frames = user_frames(frames)
-    frames = [f for f in frames if f.filename != _TRACER and f.filename not in drop]
+    frames = [f for f in frames if not _is_tracer(f.filename) and f.filename not in drop]
     return "".join(["Traceback (most recent call last):\n", *traceback.format_list(frames),
                     *traceback.format_exception_only(type(exc), exc)])
 

@@ -4,8 +4,11 @@ Installed once in the fork server, before any library is imported, so that libra
 ``from torch.distributed import all_gather`` at import time get the traced function too. Each call
 (one test body on a rank) gets a fresh journal; outside a call the wrappers cost one global lookup.
 
-What Python-level interception cannot see (DDP's C++ reducer, functional collectives under FSDP2 and
-DTensor) the Flight Recorder records; the controller merges both (see ``group.py``).
+This module wraps the c10d functions (``dist.all_reduce``, ...) and ``Work.wait``; ``install`` also
+installs the tracers of functional collectives (DTensor, FSDP2's state dicts, compiled graphs:
+``trace_functional.py``), of ProcessGroup objects and side groups (``trace_groups.py``), and of
+stores and groups being created (``trace_rendezvous.py``). What none of them sees (DDP's C++
+reducer) the Flight Recorder records; the controller merges both (see ``flight.py``).
 """
 
 from __future__ import annotations
@@ -13,355 +16,187 @@ from __future__ import annotations
 import inspect
 import os
 import sys
-import time
 import zlib
-from time import perf_counter
+from time import perf_counter, perf_counter_ns
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from ..core.journal import JournalWriter
-from ..core.sites import is_ours
-from ..core.groups import rank_ranges
-from ..core.ops import P2P_OPS, REDUCING_OPS, ROOT_ARG, SHAPE_MATCHED_OPS, SPLIT_OPS
+from ..core.ops import P2P_OPS, SHAPE_MATCHED_OPS, SPLIT_OPS
+from . import trace_core as core
+from . import trace_sites
+from .trace_args import ALWAYS_ASYNC, COMPOSITE, CONTRIBUTED, _arguments, _memo_params
+from .trace_core import _label_ranks, describe, local, pg_label  # noqa: F401 (the tracer's API)
+from .trace_sites import call_site  # noqa: F401
 
-# For each op: the parameter holding the tensor(s) this rank contributes (what must agree across
-# ranks). Group and async_op positions are read from the real signature at install time, so the
-# wrappers follow whatever this torch release declares.
-CONTRIBUTED = {
-    "all_reduce": "tensor", "broadcast": "tensor", "reduce": "tensor",
-    "all_gather": "tensor", "all_gather_into_tensor": "input_tensor", "_all_gather_base": "input_tensor",
-    "all_gather_single": "input_tensor", "reduce_scatter_single": "input",  # FSDP2 in torch 2.13
-    "all_gather_coalesced": "input_tensor_list", "all_reduce_coalesced": "tensors",
-    "reduce_scatter": "output", "reduce_scatter_tensor": "input", "_reduce_scatter_base": "input",
-    "gather": "tensor", "scatter": "tensor", "all_to_all": "input_tensor_list",
-    "all_to_all_single": "input", "send": "tensor", "recv": "tensor", "isend": "tensor",
-    "irecv": "tensor", "barrier": None, "monitored_barrier": None, "all_gather_object": None,
-    "broadcast_object_list": None, "gather_object": None, "scatter_object_list": None,
-    "send_object_list": None, "recv_object_list": None, "batch_isend_irecv": None,
-}
-ALWAYS_ASYNC = frozenset({"isend", "irecv", "batch_isend_irecv"})
-# Ops that run several collectives of the group underneath: the journal notes the last sequence id
-# they used, so that the Flight Recorder's entries for the inner ones are not shown twice.
-COMPOSITE = frozenset({"all_gather_object", "broadcast_object_list", "gather_object",
-                       "scatter_object_list", "send_object_list", "recv_object_list",
-                       "all_gather_coalesced", "all_reduce_coalesced", "monitored_barrier"})
-
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-# Thin communication shims whose frames say nothing about who issued the collective.
-_SHIM_MARKERS = (os.sep + "deepspeed" + os.sep + "comm" + os.sep,
-                 os.sep + os.path.join("deepspeed", "utils", "nvtx.py"),  # instrument_w_nvtx
-                 os.sep + "_pytest" + os.sep, os.sep + "pluggy" + os.sep)  # SPMD mode: above the test body
-SITE_DEPTH = 4  # distinct files in a call site chain
-
-_internal_code: dict = {}
-_site_text: dict = {}  # (code, instruction offset) chain -> "file:line <- file:line"
-_pg_labels: dict = {}
-_label_owners: dict = {}  # label -> the group that has it in this call: the first one used keeps the name
+E_LINE, E_LINE_NO_FR = core.E_LINE, core.E_LINE_NO_FR
 
 
-class _CallTrace:
-    """The trace of one call on this rank."""
-
-    __slots__ = ("writer", "fd", "t0", "seq", "digest", "splits", "depth", "async_pending", "default_pg")
-
-    def __init__(self, journal_path: str):
-        self.writer = JournalWriter(journal_path)
-        self.fd = self.writer.fd  # the hot path writes lines itself (journal.py documents the format)
-        self.default_pg = c10d._get_default_group()
-        self.t0 = time.perf_counter()
-        self.seq: dict[str, int] = {}
-        self.digest: dict[str, int] = {}
-        self.splits: dict[str, list] = {}   # pg -> [(seq, "sent/expected")] of its all_to_alls
-        self.depth = 0
-        self.async_pending: dict[int, tuple] = {}
-
-
-_active: _CallTrace | None = None
-
-
-def _is_internal(code) -> bool:
-    internal = _internal_code.get(code)
-    if internal is None:
-        fn = code.co_filename
-        internal = (fn.startswith(_TORCH_DIR) or is_ours(fn) or fn.startswith("<")
-                    or any(m in fn for m in _SHIM_MARKERS))
-        _internal_code[code] = internal
-    return internal
-
-
-def call_site(frame) -> str:
-    """First frames outside torch and pytest_nccl, one per distinct file, innermost first.
-
-    The walk only reads code objects and instruction offsets; the text (which needs each frame's
-    line number, decoded from the code's line table) is built once per distinct chain and cached:
-    a training loop issues the same few call sites thousands of times."""
-    key = []
-    last_file = None
-    while frame is not None and len(key) < SITE_DEPTH:
-        code = frame.f_code
-        internal = _internal_code.get(code)
-        if internal is None:
-            internal = _is_internal(code)
-        if not internal and code.co_filename != last_file:
-            last_file = code.co_filename
-            key.append((code, frame.f_lasti, frame))
-        frame = frame.f_back
-    cache_key = tuple((c, i) for c, i, _ in key)
-    text = _site_text.get(cache_key)
-    if text is None:
-        text = " <- ".join(f"{c.co_filename}:{f.f_lineno}" for c, _, f in key)
-        if len(_site_text) < 100_000:
-            _site_text[cache_key] = text
-    return text
-
-
-MAX_LABEL_RANKS = 48  # characters of the ranks shown in a label; longer: "..." (members unknown)
-_NAMELESS = ("", "undefined", "default_pg")
-
-
-def _label_ranks(ranks: list) -> str:
-    if ranks == sorted(ranks):
-        shown = rank_ranges(ranks)
-        if len(shown) > MAX_LABEL_RANKS and len(ranks) > 2:
-            step = ranks[1] - ranks[0]
-            if step > 0 and all(b - a == step for a, b in zip(ranks, ranks[1:])):
-                shown = f"{ranks[0]}-{ranks[-1]}:{step}"
-    else:
-        shown = ",".join(map(str, ranks))  # new_group(sort_ranks=False): group rank order
-    return shown if len(shown) <= MAX_LABEL_RANKS else shown[:MAX_LABEL_RANKS].rsplit(",", 1)[0] + ",..."
-
-
-def pg_label(group) -> tuple[str, str]:
-    """(label, c10d group name) of a process group, the same on every member rank. The label is the
-    user's name for the group with its ranks: a DeviceMesh dimension ("tp[2,3]"), the description
-    given to ``new_group(..., group_desc=...)``, else the c10d name ("pg4[2,3]")."""
-    if group is None or group is c10d.GroupMember.WORLD:
-        return "default", ""
-    found = _pg_labels.get(id(group))
+# The body of every traced c10d function, specialized per op at install time: the wrapper takes the
+# real function's parameters (no *args/**kwargs to pack and search: the hot path reads locals).
+# {params}, {call}: the signature and the call; {group}, {async_op}, {value}, {key}: expressions
+# for the group, the async flag, the tensor this rank contributes and the memo key; {pos}/{kw}: the
+# positional and keyword arguments, for the argument readers (_arguments) on a memo miss.
+_TEMPLATE = """
+def {name}({params}):
+    trace = core.active
+    if trace is None or local.inside:
+        return fn({call})
+    group = {group}
+    g = trace.by_id.get(id(group))
+    if g is None:
+        g = core.group_trace(trace, group)
+    async_op_ = {async_op}
+    value = {value}
+    found = key = None
+    if keyed and (value is None or type(value) is Tensor):
+        key = {key}
+        try:
+            found = memo.get(key)
+        except TypeError:  # an argument that cannot key a memo (a custom ReduceOp)
+            key = None
     if found is None:
-        name = str(getattr(group, "group_name", "?"))
-        try:
-            desc = str(getattr(group, "group_desc", "") or "")
-        except Exception:
-            desc = ""
-        if desc.startswith("mesh_") and desc != "mesh_default":
-            desc = desc[5:]
-        desc = "".join(c for c in desc if c.isalnum() or c in "_.-:")
-        base = f"pg{name}" if desc in _NAMELESS or desc == "default" else desc
-        try:
-            label = f"{base}[{_label_ranks(dist.get_process_group_ranks(group))}]"
-        except Exception:
-            label = base
-        if label in _label_owners:  # another group of this call has that name and ranks (a second mesh)
-            label = f"{base}.pg{name}{label[len(base):]}"
-        _label_owners[label] = id(group)
-        found = _pg_labels[id(group)] = (label, name)
-    return found
-
-
-_red_names: dict = {}
-
-
-def _red_name(op) -> str:
-    if op is None:
-        return "SUM"
+        found = describe_call(g, value, ({pos}), {{{kw}}}, group)
+        if key is not None and len(memo) < 10_000:
+            memo[key] = found
+    described, extra, data, plain = found
+    if p2p:  # point-to-point: numbered apart, matched as pairs (diagnose.py)
+        g.p2p_seq = seq = g.p2p_seq + 1
+        label, e_line, c_start = g.p2p_label, g.p2p_e_line, g.p2p_c_line
+    else:
+        g.seq = seq = g.seq + 1
+        label, e_line, c_start = g.label, g.e_line, g.c_line
+        if data is not None:
+            g.digest = crc32(data, g.digest)
+        else:  # split sizes: consistency across ranks, not equality (records.digests_agree)
+            if g.splits is None:
+                g.splits = []
+            g.splits.append((seq, plain[6:]))
     try:
-        name = _red_names.get(op)
-    except TypeError:  # an unhashable custom op
-        name = None
-    if name is None:
-        name = getattr(op, "name", None) or str(op).rsplit(".", 1)[-1]
+        fr_seq = g.fr_seq() + 1
+    except Exception:  # a group without sequence numbers: the field stays empty
+        fr_seq = None
+    now = perf_counter_ns() - trace.t0_ns
+    frame = getframe(1)  # the last call site again (a loop), else trace_sites.site_of
+    if frame is trace.site_frame and frame.f_lasti == trace.site_lasti and frame.f_back is trace.site_back:
+        site = trace.site_text
+    else:
+        site = site_of(trace, frame)
+    if fr_seq is None:
+        line = E_LINE_NO_FR % (e_line, seq, mid_async if async_op_ else mid_sync, now, described, site, extra)
+    else:
+        line = E_LINE % (e_line, seq, mid_async if async_op_ else mid_sync, now, described, fr_seq, site, extra)
+    pending = trace.pending
+    if pending is not trace.flushed:  # the previous collective's C line goes first, in the same write
+        trace.flushed = pending
+        line = pending + line
+    # one write, before entering: what survives a SIGABRT inside the collective
+    write(trace.fd, line)
+    local.inside = True
+    try:
+        result = fn({call})
+    finally:
+        local.inside = False
+    if async_op_ and result is not None:
+        pend(trace, result, label, seq, ({pos}))
+    else:  # written with the next line, or by the flusher thread (trace_core.FLUSH_EVERY)
+        trace.pending = c_line % (c_start, seq, perf_counter_ns() - trace.t0_ns)
+    if composite:
         try:
-            _red_names[op] = name
-        except TypeError:
+            write(trace.fd, f"R\\t{{label}}\\t{{seq}}\\t{{g.pg._get_sequence_number_for_group()}}\\n".encode())
+        except Exception:
             pass
-    return name
+    return result
+"""
 
 
-def _arg(args, kwargs, pos, name):
-    return args[pos] if 0 <= pos < len(args) else kwargs.get(name)
-
-
-def _global(group, rank, group_rank):
-    """A root or peer as a GLOBAL rank, from ``src``/``dst`` or ``group_src``/``group_dst``."""
-    if rank is None and group_rank is not None:
-        try:
-            return c10d.get_global_rank(group if group is not None else c10d._get_default_group(), group_rank)
-        except Exception:
-            return None
-    return rank
-
-
-def _sizes(value, n: int) -> str:
-    if isinstance(value, torch.Tensor):  # a tensor of split sizes
-        value = value.tolist()
-    return ",".join(map(str, value)) if value is not None else ""
-
-
-def _even(tensor, group) -> str:
-    """Split sizes of an all_to_all_single without any: dim 0 in equal parts."""
-    try:
-        n = (group or c10d._get_default_group()).size()
-        rows = tensor.shape[0] if tensor.dim() else 1
-        return ",".join([str(rows // n)] * n)
-    except Exception:
-        return ""
-
-
-def _arguments(name: str, params: list):
-    """For op ``name``: a function (args, kwargs, group) -> the journal's <args> text without the
-    group (see journal.py), or None when the op has none. Positions come from the real signature."""
-    pos = {p: i for i, p in enumerate(params)}
-
-    def at(p):
-        return pos.get(p, -1)
-
-    if name in REDUCING_OPS:
-        op_pos = at("op")
-        if name == "reduce":
-            dst_pos, gdst_pos = at("dst"), at("group_dst")
-            return lambda a, k, g: (f"red={_red_name(_arg(a, k, op_pos, 'op'))} root="
-                                    f"{_global(g, _arg(a, k, dst_pos, 'dst'), _arg(a, k, gdst_pos, 'group_dst'))}")
-        return lambda a, k, g: "red=" + _red_name(_arg(a, k, op_pos, "op"))
-    if name in ROOT_ARG:
-        arg = ROOT_ARG[name]
-        r_pos, g_pos = at(arg), at("group_" + arg)
-        return lambda a, k, g: f"root={_global(g, _arg(a, k, r_pos, arg), _arg(a, k, g_pos, 'group_' + arg))}"
-    if name == "all_to_all_single":
-        o_pos, i_pos, os_pos, is_pos = at("output"), at("input"), at("output_split_sizes"), at("input_split_sizes")
-
-        def splits(a, k, g):
-            sent, expected = _arg(a, k, is_pos, "input_split_sizes"), _arg(a, k, os_pos, "output_split_sizes")
-            sent = _sizes(sent, 0) if sent is not None and len(sent) else _even(_arg(a, k, i_pos, "input"), g)
-            expected = (_sizes(expected, 0) if expected is not None and len(expected)
-                        else _even(_arg(a, k, o_pos, "output"), g))
-            return f"split={sent}/{expected}"
-        return splits
-    if name == "all_to_all":
-        o_pos, i_pos = at("output_tensor_list"), at("input_tensor_list")
-        return lambda a, k, g: (f"split={','.join(str(t.numel()) for t in _arg(a, k, i_pos, 'input_tensor_list'))}/"
-                                f"{','.join(str(t.numel()) for t in _arg(a, k, o_pos, 'output_tensor_list'))}")
-    if name in ("send", "isend", "recv", "irecv", "send_object_list", "recv_object_list"):
-        send = name in ("send", "isend", "send_object_list")
-        kind = ("S" if send else "R") if "object" in name else ("s" if send else "r")
-        arg = "dst" if send else "src"
-        p_pos, gp_pos, t_pos = at(arg), at("group_" + arg), at("tag")
-
-        def transfer(a, k, g):
-            peer = _global(g, _arg(a, k, p_pos, arg), _arg(a, k, gp_pos, "group_" + arg))
-            tag = _arg(a, k, t_pos, "tag") or 0
-            return f"p2p={kind}{'*' if peer is None else peer}:{tag}"
-        return transfer
-    if name == "batch_isend_irecv":
-        def batch(a, k, g):
-            ops = _arg(a, k, 0, "p2p_op_list") or ()
-            return "p2p=" + ",".join(
-                f"{'s' if getattr(op.op, '__name__', '') == 'isend' else 'r'}{op.peer}:{op.tag}" for op in ops)
-        return batch
-    return None
-
-
-def _describe(value) -> tuple[str, str]:
-    """(shapes, dtype) of a tensor or a list of tensors, compact."""
-    if isinstance(value, torch.Tensor):
-        return str(list(value.shape)), str(value.dtype)[6:]
-    if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
-        shapes = [list(t.shape) for t in value]
-        dtype = str(value[0].dtype)[6:]
-        if all(s == shapes[0] for s in shapes):
-            return f"{shapes[0]}x{len(shapes)}", dtype
-        return ";".join(map(str, shapes[:4])) + (";..." if len(shapes) > 4 else ""), dtype
-    return "", ""
+def _pend(trace, result, label: str, seq: int, args: tuple) -> None:
+    """An async collective: it completes in Work.wait (_traced_wait)."""
+    if isinstance(result, list):  # batch_isend_irecv: one Work per transfer, or one for all
+        count = len(args[0]) if args and args[0] is not None else 0
+        for i, work in enumerate(result):
+            trace.async_pending[id(work)] = (work, label, seq, i if len(result) == count > 1 else -1)
+    else:
+        trace.async_pending[id(result)] = (result, label, seq, -1)
 
 
 def _wrap(name: str, fn):
+    """``fn`` traced: a function with its parameters and defaults that journals the call (the E
+    line) before entering it."""
     try:
-        params = list(inspect.signature(fn).parameters)
+        signature = inspect.signature(fn)
     except (TypeError, ValueError):
         return fn
+    params = list(signature.parameters.values())
+    kinds = {p.kind for p in params}
+    if kinds - {inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY} or \
+            any(not p.name.isidentifier() or p.name in _RESERVED for p in params):
+        return fn  # *args, **kwargs or a name the body uses: left untraced rather than traced wrong
+    names = [p.name for p in params]
+    positional = [p.name for p in params if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    keyword = [p.name for p in params if p.kind == inspect.Parameter.KEYWORD_ONLY]
     tensor_name = CONTRIBUTED.get(name)
-    tensor_pos = params.index(tensor_name) if tensor_name in params else -1
-    group_pos = params.index("group") if "group" in params else -1
-    async_pos = params.index("async_op") if "async_op" in params else -1
-    p2p = name in P2P_OPS
-    shape_matched = name in SHAPE_MATCHED_OPS
-    always_async = name in ALWAYS_ASYNC
-    composite = name in COMPOSITE
-    split = name in SPLIT_OPS
-    arguments = _arguments(name, params)
+    keyed = _memo_params(name)
+    raw = [k if k in names else "None" for k in keyed or ()]
+    if name == "batch_isend_irecv":
+        group = f"getattr({positional[0]}[0], 'group', None) if {positional[0]} else None"
+    else:
+        group = "group" if "group" in names else "None"
+    source = _TEMPLATE.format(
+        name=name, params=", ".join(positional) + (", *, " + ", ".join(keyword) if keyword else ""),
+        call=", ".join(positional + [f"{k}={k}" for k in keyword]), group=group,
+        async_op="True" if name in ALWAYS_ASYNC else "bool(async_op)" if "async_op" in names else "False",
+        value=tensor_name if tensor_name in names else "None",
+        key=(f"(g, value.shape, value.dtype, {', '.join(raw)})" if tensor_name in names else
+             f"(g, {', '.join(raw)})") if raw else
+            ("(g, value.shape, value.dtype)" if tensor_name in names else "(g,)"),
+        pos=", ".join(positional) + ("," if len(positional) == 1 else ""), kw=", ".join(f"'{k}': {k}" for k in keyword))
+    split, p2p, shape_matched = name in SPLIT_OPS, name in P2P_OPS, name in SHAPE_MATCHED_OPS
+    arguments = _arguments(name, positional + keyword)
 
-    def traced(*args, **kwargs):
-        trace = _active
-        if trace is None or trace.depth:
-            return fn(*args, **kwargs)
-        if name == "batch_isend_irecv":
-            group = getattr(args[0][0], "group", None) if args and args[0] else None
-        else:
-            group = args[group_pos] if 0 <= group_pos < len(args) else kwargs.get("group")
-        if always_async:
-            async_op = True
-        else:
-            async_op = bool(args[async_pos] if 0 <= async_pos < len(args) else kwargs.get("async_op", False))
-        if tensor_pos >= 0:
-            shapes, dtype = _describe(args[tensor_pos] if tensor_pos < len(args) else kwargs.get(tensor_name))
-        else:
-            shapes, dtype = "", ""
-        pg, gname = pg_label(group)
+    def describe_call(g, value, args, kwargs, group):
+        """What the E line says of this call besides its position, and what goes into the digest."""
+        shapes, dtype = describe(value)
         extra = ""
         if arguments is not None:
             try:
                 extra = arguments(args, kwargs, group)
             except Exception:  # the op itself will say what is wrong with its arguments
                 extra = ""
-        if p2p:
-            pg += ":p2p"  # point-to-point: numbered apart, matched as pairs (diagnose.py)
-        seq = trace.seq.get(pg, 0) + 1
-        trace.seq[pg] = seq
-        if split:
-            trace.splits.setdefault(pg, []).append((seq, extra[6:]))  # consistency, not equality
-        elif not p2p:
-            sig = f"{name} {shapes} {dtype} {extra}" if shape_matched else f"{name} {extra}"
-            trace.digest[pg] = zlib.crc32(sig.encode(), trace.digest.get(pg, 0))
-        if gname:
-            extra = f"{extra} g={gname}" if extra else "g=" + gname
-        try:
-            fr_seq = (trace.default_pg if group is None else group)._get_sequence_number_for_group() + 1
-        except Exception:
-            fr_seq = ""
-        # one write, before entering: what survives a SIGABRT inside the collective
-        os.write(trace.fd, (f"E\t{pg}\t{seq}\t{name}\t{1 if async_op else 0}\t"
-                            f"{perf_counter() - trace.t0:.6f}\t{shapes}\t{dtype}\t{fr_seq}\t"
-                            f"{call_site(sys._getframe(1))}\t{extra}\n").encode())
-        trace.depth += 1
-        try:
-            result = fn(*args, **kwargs)
-        finally:
-            trace.depth -= 1
-        if async_op and result is not None:
-            if isinstance(result, list):  # batch_isend_irecv: one Work per transfer, or one for all
-                n = len(args[0]) if args else 0
-                for i, work in enumerate(result):
-                    trace.async_pending[id(work)] = (work, pg, seq, i if len(result) == n > 1 else -1)
-            else:
-                trace.async_pending[id(result)] = (result, pg, seq, -1)
-        else:
-            os.write(trace.fd, f"C\t{pg}\t{seq}\t{perf_counter() - trace.t0:.6f}\n".encode())
-        if composite:
-            try:
-                end = (trace.default_pg if group is None else group)._get_sequence_number_for_group()
-                os.write(trace.fd, f"R\t{pg}\t{seq}\t{end}\n".encode())
-            except Exception:
-                pass
-        return result
+        data = None
+        if not p2p and not split:  # what every member must agree on (journal.py's signature)
+            data = (f"{name} {shapes} {dtype} {extra}" if shape_matched else f"{name} {extra}").encode()
+        with_group = f"{extra} {g.g_arg}" if extra and g.g_arg else extra or g.g_arg
+        return f"{shapes}\t{dtype}".encode(), with_group.encode(), data, extra
 
+    namespace = {
+        "core": core, "local": local, "fn": fn, "Tensor": torch.Tensor, "memo": {}, "keyed": keyed is not None,
+        "describe_call": describe_call, "p2p": p2p, "crc32": zlib.crc32, "perf_counter_ns": perf_counter_ns,
+        "site_of": trace_sites.site_of, "getframe": sys._getframe, "E_LINE": E_LINE, "E_LINE_NO_FR": E_LINE_NO_FR,
+        "mid_sync": f"\t{name}\t0\t".encode(), "mid_async": f"\t{name}\t1\t".encode(), "write": os.write,
+        "c_line": core.C_LINE, "pend": _pend, "composite": name in COMPOSITE,
+    }
+    exec(compile(source, __file__, "exec"), namespace)  # frames in this file: no call site, no stack line
+    traced = namespace[name]
+    traced.__defaults__ = tuple(p.default for p in params if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD
+                                and p.default is not inspect.Parameter.empty) or None
+    traced.__kwdefaults__ = {p.name: p.default for p in params if p.kind == inspect.Parameter.KEYWORD_ONLY
+                             and p.default is not inspect.Parameter.empty} or None
     traced.__wrapped__ = fn
-    traced.__name__ = getattr(fn, "__name__", name)
     traced.__qualname__ = getattr(fn, "__qualname__", name)
     traced.__doc__ = fn.__doc__
     traced._pytest_nccl_traced = True
     return traced
+
+
+# names the generated body uses for itself: a parameter with one of them cannot be traced this way
+_RESERVED = frozenset({"trace", "group", "g", "async_op_", "value", "found", "key", "described", "extra", "data",
+                       "plain", "seq", "label", "e_line", "c_start", "fr_seq", "now", "frame", "site", "line",
+                       "pending",
+                       "result", "core", "local", "fn", "Tensor", "memo", "keyed", "describe_call", "p2p", "crc32",
+                       "perf_counter_ns", "site_of", "getframe", "E_LINE", "E_LINE_NO_FR", "mid_sync", "mid_async",
+                       "write", "c_line", "pend", "composite"}) - {"group"}
 
 
 _installed = False
@@ -369,20 +204,22 @@ _orig_wait = None
 
 
 def _traced_wait(self, *args, **kwargs):
-    trace = _active
+    trace = core.active
     entry = trace.async_pending.pop(id(self), None) if trace is not None else None
-    if entry is None:
+    assert _orig_wait is not None  # installed with this wrapper
+    if entry is None or trace is None:
         return _orig_wait(self, *args, **kwargs)
-    _, pg, seq, index = entry
-    trace.writer.waiting(pg, seq, time.perf_counter() - trace.t0, index)
+    _, label, seq, index = entry
+    trace.writer.waiting(label, seq, perf_counter() - trace.t0, index)
     result = _orig_wait(self, *args, **kwargs)
-    trace.writer.completed(pg, seq, time.perf_counter() - trace.t0, index)
+    trace.writer.completed(label, seq, perf_counter() - trace.t0, index)
     return result
 
 
 def install() -> None:
     """Patch the collectives in ``torch.distributed`` and ``distributed_c10d`` (where internal calls
-    such as all_gather_object -> all_gather resolve), and ``Work.wait`` for async completion."""
+    such as all_gather_object -> all_gather resolve), ``Work.wait`` for async completion, and install
+    the tracers of functional collectives, ProcessGroup objects and rendezvous."""
     global _installed, _orig_wait
     if _installed:
         return
@@ -395,15 +232,20 @@ def install() -> None:
         if getattr(dist, name, None) is fn:
             setattr(dist, name, traced)
     _orig_wait = dist.Work.wait
-    dist.Work.wait = _traced_wait
+    setattr(dist.Work, "wait", _traced_wait)  # noqa: B010  (a method of torch's C++ class)
+    from . import trace_functional, trace_groups, trace_rendezvous
+    trace_functional.install()
+    trace_groups.install()
+    trace_rendezvous.install()
     _installed = True
 
 
 def start(journal_path: str) -> None:
-    global _active
-    _pg_labels.clear()
-    _label_owners.clear()
-    _active = _CallTrace(journal_path)
+    """A fresh journal for one call. Frames from the caller down (the rank loop) are the harness:
+    call sites stop there."""
+    trace_sites.mark_boundary(sys._getframe(1).f_code)
+    core.start_flusher()
+    core.active = core.CallTrace(journal_path)
 
 
 def stop() -> tuple[dict[str, tuple], int]:
@@ -411,39 +253,44 @@ def stop() -> tuple[dict[str, tuple], int]:
     op, shapes, dtype, reduce op, root), plus the split sizes of its all_to_alls where it ran any
     (``(seq, "sent/expected")`` each), which the controller compares across ranks without reading
     the journals (``diagnose.digests_agree``); and how many async collectives are still in flight."""
-    global _active
-    trace = _active
+    trace = core.active
     if trace is None:
         return {}, 0
-    _active = None
-    now = time.perf_counter() - trace.t0
+    core.active = None
+    now = perf_counter() - trace.t0
     dangling = 0
-    for work, pg, seq, index in trace.async_pending.values():
+    for work, label, seq, index in trace.async_pending.values():
         try:
             if work.is_completed():
-                trace.writer.completed(pg, seq, now, index)
+                trace.writer.completed(label, seq, now, index)
             else:
                 dangling += 1
         except Exception:
             pass
-    trace.writer.close()
-    counts = {pg: n for pg, n in trace.seq.items() if not pg.endswith(":p2p")}
+    # functional collectives nobody waited on: the backend ran them; the rank is out of the test
+    for entry in trace.functional.values():
+        if entry[2] is not None:
+            trace.writer.completed(entry[0].decode(), entry[1], now)
+            entry[2] = None
+    core.close(trace)
     digests = {}
-    for pg, n in counts.items():
-        splits = trace.splits.get(pg)
-        digests[pg] = (n, trace.digest.get(pg, 0), tuple(splits)) if splits else (n, trace.digest.get(pg, 0))
+    for g in trace.by_label.values():
+        if g.seq:
+            digests[g.label] = (g.seq, g.digest, tuple(g.splits)) if g.splits else (g.seq, g.digest)
     return digests, dangling
 
 
 def journal_fd() -> int:
     """The descriptor the running trace writes its journal to, or -1: ``pytest-nccl watch`` bounds a
     long job's journal by pointing it at a fresh file (``os.dup2``), keeping the last segment."""
-    return _active.fd if _active is not None else -1
+    trace = core.active
+    return trace.fd if trace is not None else -1
 
 
 def flight_recorder_json() -> str | None:
     try:
-        return torch._C._distributed_c10d._dump_fr_trace_json().decode()
+        # not in torch's type stubs: looked up by name
+        return getattr(torch._C._distributed_c10d, "_dump_fr_trace_json")().decode()  # noqa: B009
     except Exception:
         return None
 
@@ -466,7 +313,7 @@ def flight_recorder_pickle() -> bytes | None:
     try:
         import pickle
         # without stack traces: symbolizing them imports torch._dynamo (about 4 s) in a stuck rank
-        dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace(True, False, False))
+        dump = pickle.loads(getattr(torch._C._distributed_c10d, "_dump_fr_trace")(True, False, False))  # noqa: B009
         config = _pg_config()
         if config:
             dump["pg_config"] = config

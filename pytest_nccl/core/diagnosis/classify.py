@@ -19,13 +19,14 @@ from __future__ import annotations
 
 from ..agreement import split_disagreement
 from ..records import CollectiveRecord, RankView
-from ..sites import headline_site, rendezvous_at, stack_top
+from ..sites import headline_site, rendezvous_at
 from ..states import Kind, RankState, Reason
 from ..waits import stuck_ranks
 from .deadlock import deadlock_diagnosis
 from .divergence import PEER_GONE, first_divergence, gloo_disagreement
 from .findings import Diagnosis, Divergence
-from .wording import brief, grouped, rank_list, seconds, state_of, waiting_summary, where
+from .outside import NO_FUNCTION, busy_at, in_rendezvous
+from .wording import HEADLINE_WIDTH, SHOWN_VALUES, brief, grouped, rank_list, seconds, state_of, waiting_summary, where
 
 
 def diagnose(ranks: list[RankView], reason: Reason, bound: float) -> Diagnosis | None:
@@ -75,8 +76,9 @@ def diagnose(ranks: list[RankView], reason: Reason, bound: float) -> Diagnosis |
         busy = [v for v in running if v.current is None]
         if busy and inside:
             return _slow(busy, inside, at[0], bound)
-        tops = grouped({v.rank: "at " + (stack_top(v.stack) or "unknown") for v in running}, 2)
-        return Diagnosis(Kind.TIMEOUT, f"the test exceeded its {seconds(bound)} s bound outside any collective "
+        tops = grouped({v.rank: busy_at(v, views) for v in running}, 2)
+        kind = Kind.RENDEZVOUS if any(in_rendezvous(v) for v in running) else Kind.TIMEOUT
+        return Diagnosis(kind, f"the test exceeded its {seconds(bound)} s bound outside any collective "
                          f"({tops})", [v.rank for v in running])
     statuses = {v.status for v in ranks}
     if RankState.SKIPPED in statuses and len(statuses) > 1:
@@ -128,7 +130,7 @@ def _mismatch(div: Divergence, ranks: list[RankView]) -> Diagnosis:
         what = f"{name} mismatch in {first.op} {pos}: {grouped({r: value(rec) for r, rec in recs.items()})}"
     site = headline_site(first.site)
     if site:
-        what += f" (from {site})"
+        what += f" (from {site}{_other_sites(recs, site)})"
     views = {v.rank: v for v in ranks}
     died = any(views[r].status == RankState.DEAD for r in recs)
     consequences = [_consequence(views[r]) for r in recs if views[r].status == RankState.DEAD or (
@@ -149,6 +151,16 @@ def _mismatch(div: Divergence, ranks: list[RankView]) -> Diagnosis:
     return Diagnosis(div.kind, what, sorted(odd), div.pg, div.seq, div)
 
 
+def _other_sites(recs: dict, first_site: str) -> str:
+    """'; rank 3 from b.py:22': the other lines ranks issued the diverging collective from (a rank
+    running one more micro-batch than the others), each once."""
+    by_site: dict[str, list[int]] = {}
+    for r, rec in recs.items():
+        by_site.setdefault(headline_site(rec.site), []).append(r)
+    return "".join(f"; {rank_list(rs)} from {s}" for s, rs in list(by_site.items())[:SHOWN_VALUES]
+                   if s and s != first_site)
+
+
 _LEAVING = {RankState.DEAD: 0, RankState.FAILED: 1}
 
 
@@ -163,8 +175,8 @@ def _absent(div: Divergence, views: dict, reason: Reason, bound: float) -> Diagn
     rec = div.records[min(div.records)]
     absent = [views[r] for r in div.absent]
     first = _left_first(div, views)
-    state = state_of(first, div.pg)
-    same = [v.rank for v in absent if state_of(v, div.pg) == state]  # ranks 1,2 both left alike
+    state = state_of(first, div.pg, views)
+    same = [v.rank for v in absent if state_of(v, div.pg, views) == state]  # ranks 1,2 both left alike
     waiting = sorted(div.records)
     if first.status == RankState.UNSEEN:  # how far they got is not known: where the others wait now
         rec = next((views[r].current for r in waiting if views[r].current is not None), rec)
@@ -172,9 +184,12 @@ def _absent(div: Divergence, views: dict, reason: Reason, bound: float) -> Diagn
     if reason == Reason.TIMEOUT and first.status in (RankState.RUNNING, RankState.UNSEEN):
         verb = "waited" + f" for the whole {seconds(bound)} s bound"
     headline = f"{rank_list(same)} {state}; {rank_list(waiting)} {verb} in {where(rec)}"
+    if len(headline) >= HEADLINE_WIDTH - len("slow rank: "):  # too long: the function's name goes, not
+        headline = (f"{rank_list(same)} {state_of(first, div.pg, views, NO_FUNCTION)}; "  # the line it waits in
+                    f"{rank_list(waiting)} {verb} in {where(rec)}")
     others = [v for v in absent if v.rank not in same]
     if len(others) == 1:
-        headline += f"; also rank {others[0].rank} {state_of(others[0], div.pg)}"
+        headline += f"; also rank {others[0].rank} {state_of(others[0], div.pg, views)}"
     elif others:
         states = {"died" if v.status == RankState.DEAD else "raised" if v.status == RankState.FAILED else
                   "left the test" if v.finished else "are elsewhere" for v in others}
@@ -187,7 +202,7 @@ def _absent(div: Divergence, views: dict, reason: Reason, bound: float) -> Diagn
         kind = Kind.UNSEEN
     elif first.status == RankState.RUNNING:
         kind = Kind.GROUP_MISMATCH if first.current is not None else Kind.SLOW_RANK
-        if kind == Kind.SLOW_RANK and rendezvous_at(first.stack):
+        if kind == Kind.SLOW_RANK and (rendezvous_at(first.stack) or in_rendezvous(first)):
             kind = Kind.RENDEZVOUS
         elif kind == Kind.SLOW_RANK:
             headline = "slow rank: " + headline
@@ -198,7 +213,7 @@ def _absent(div: Divergence, views: dict, reason: Reason, bound: float) -> Diagn
 
 def _slow(busy: list[RankView], inside: list[RankView], rec: CollectiveRecord, bound: float) -> Diagnosis:
     """``rec``: the record the first of ``inside`` waits in."""
-    tops = grouped({v.rank: "at " + (stack_top(v.stack) or "unknown") for v in busy}, 2)
+    tops = grouped({v.rank: busy_at(v) for v in busy}, 2)
     return Diagnosis(Kind.SLOW_RANK, f"slow rank: {rank_list([v.rank for v in busy])} busy outside any "
                      f"collective ({tops}); {rank_list([v.rank for v in inside])} waited for the whole "
                      f"{seconds(bound)} s bound in {where(rec)}", [v.rank for v in busy], rec.pg, rec.seq)

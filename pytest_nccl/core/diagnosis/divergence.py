@@ -8,7 +8,7 @@ from ..agreement import split_disagreement
 from ..groups import members_of
 from ..ops import P2P_OPS, SHAPE_MATCHED_OPS, SPLIT_OPS
 from ..records import CollectiveRecord, RankView
-from ..states import Kind
+from ..states import Kind, Source
 from .findings import Divergence
 
 # What a rank raises when a peer it talks to died: a consequence, not the cause (and whether it came
@@ -63,7 +63,7 @@ def first_divergence(ranks: list[RankView]) -> Divergence | None:
     world = len(views)
     place = {id(rec): i for v in views.values() for i, rec in enumerate(v.records)}
     groups = {rec.pg for v in views.values() for rec in v.records
-              if not (rec.pg.endswith(":p2p") or rec.op in P2P_OPS)}
+              if not (rec.pg.endswith(":p2p") or rec.op in P2P_OPS or rec.source == Source.OUTSIDE)}
     found = []
     for pg in sorted(groups, key=pg_order):
         members = [r for r in members_of(pg, world) if r in views]

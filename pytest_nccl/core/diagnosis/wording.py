@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from ..groups import rank_ranges
 from ..records import CollectiveRecord, RankView
-from ..sites import headline_site, rendezvous_at, stack_top
+from ..sites import headline_site, rendezvous_at
 from ..states import RankState, Source
+from .outside import FULL, elsewhere, running_state
 
 
 def seconds(value: float) -> str:
@@ -64,8 +65,9 @@ def where(rec: CollectiveRecord, transfer=None) -> str:
     return f"{rec.op} #{rec.seq} of group {rec.pg}{origin}"
 
 
-def state_of(view: RankView, pg: str) -> str:
-    """Why this rank is not in the collective the others wait in."""
+def state_of(view: RankView, pg: str, views: dict | None = None, quote: int = FULL) -> str:
+    """Why this rank is not in the collective the others wait in (``quote``: how much of its place a
+    headline quotes, ``outside.FULL`` first)."""
     if view.status == RankState.UNSEEN:  # how far it got is not known here
         return "cannot be seen by this watch (on another node)"
     count = len(view.records_in(pg))
@@ -81,11 +83,10 @@ def state_of(view: RankView, pg: str) -> str:
         return f"waits in {where(cur)} instead, {after}"
     if view.status == RankState.NOT_STARTED:
         return f"never started this test, {after}"
-    rendezvous = rendezvous_at(view.stack)
+    rendezvous = rendezvous_at(view.stack) if view.outside_wait is None else ""  # else: the tracer saw it
     if rendezvous:
         return f"waits in a rendezvous at {rendezvous} that a member of the new group never joined, {after}"
-    top = stack_top(view.stack)
-    return f"is busy outside any collective{' at ' + top if top else ''}, {after}"
+    return f"{running_state(view, views, quote) or 'is busy outside any collective'}, {after}"
 
 
 def waiting_summary(views: list[RankView]) -> str:
@@ -95,4 +96,4 @@ def waiting_summary(views: list[RankView]) -> str:
         if v.status == RankState.RUNNING and v.current is not None:
             at.setdefault(where(v.current), []).append(v.rank)
     parts = [f"{rank_list(rs)} wait{'s' if len(rs) == 1 else ''} in {pos}" for pos, rs in list(at.items())[:2]]
-    return "".join("; " + p for p in parts)
+    return "".join("; " + p for p in parts + elsewhere(views))  # and the ranks outside any collective

@@ -1,0 +1,61 @@
+"""The tracer's wrappers are transparent (issue 23): a generated c10d wrapper has the real
+function's parameters and defaults and passes every argument through; a functional op's stand-in
+keeps the op's hash, so torch's tables keyed by the op (torch.fx's side-effecting ops: a compiled
+graph must keep wait_tensor) still find it. Each check runs in a fresh interpreter: installing the
+tracer patches torch.distributed for the whole process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+
+def _run(code: str) -> str:
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_generated_c10d_wrappers_keep_signature_defaults_and_arguments():
+    out = _run("""
+        import inspect
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+        real = {name: getattr(c10d, name) for name in ("all_reduce", "broadcast", "send", "batch_isend_irecv")}
+        from pytest_nccl.rank import tracer
+        tracer.install()
+        for name, fn in real.items():
+            traced = getattr(dist, name)
+            assert traced is not fn and traced.__wrapped__ is fn, name
+            assert inspect.signature(traced) == inspect.signature(fn), name
+        seen = []
+        def all_reduce(tensor, op="sum-default", group=None, async_op=False):
+            seen.append((tensor, op, group, async_op))
+            return "result"
+        wrapped = tracer._wrap("all_reduce", all_reduce)
+        assert wrapped(1) == "result" and wrapped(2, "max", async_op=True) == "result"
+        assert seen == [(1, "sum-default", None, False), (2, "max", None, True)], seen
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+def test_functional_ops_keep_their_hash_and_graphs_keep_wait_tensor():
+    out = _run("""
+        import torch, torch.fx
+        import torch.distributed._functional_collectives  # registers the ops
+        ops = torch.ops._c10d_functional
+        before = {name: hash(getattr(ops, name).default) for name in ("all_reduce", "wait_tensor")}
+        from pytest_nccl.rank import trace_functional, tracer
+        tracer.install()
+        for name, h in before.items():
+            overload = getattr(ops, name).default
+            assert isinstance(overload._op, trace_functional.TracedOp), name
+            assert hash(overload) == h, name
+        assert torch.fx.node.has_side_effect  # the set torch.fx consults when it eliminates dead code
+        assert ops.wait_tensor.default in torch.fx.node._side_effectful_functions
+        print("ok")
+    """)
+    assert out.strip() == "ok"
