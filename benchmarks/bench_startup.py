@@ -194,7 +194,7 @@ print(c10d_on, c10d_off, funcol_on, funcol_off, wrapper, wrapper_cpu, wrapper_fr
 
 def _gloo():
     """What GroupPool.get takes for a CPU gloo group."""
-    from pytest_nccl.settings import Placement
+    from pytest_nccl.placement import Placement
     return Placement("gloo", "benchmark")
 
 

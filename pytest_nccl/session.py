@@ -16,10 +16,12 @@ from typing import Protocol
 import pytest
 
 from . import errors
+from .budget import Budget, budget_for
 from .core.diagnosis import Diagnosis
 from .core.reports import CallResult
 from .errors import DistributedTestFailure, NcclUsageError
-from .settings import Budget, Placement, Settings, budget_for, place
+from .placement import Placement, place
+from .settings import Settings
 from .views.report import safe_filename, trace_json, write_trace_dir
 from .views.swimlane import swimlane_html
 from .views.timeline import timeline_json

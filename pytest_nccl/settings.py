@@ -1,7 +1,7 @@
 """Settings, declared once and parsed on one path (as pytest-timeout does): each setting is one row
 of :data:`SETTINGS` that says its command-line option, its ini key (with the ini type pytest checks
-TOML values against), whether ``@pytest.mark.nccl`` takes it, its parser and its default. Also where a
-group's ranks run (backend and GPUs), and the bound of one test under pytest-timeout's budget.
+TOML values against), whether ``@pytest.mark.nccl`` takes it, its parser and its default. Where a
+group's ranks run is ``placement.py``; the bound of one test under pytest-timeout, ``budget.py``.
 
 Controller side, no torch import at module level: every parser turns bad input into one
 ``NcclUsageError`` line that names where the value came from (the option, the ini key, the marker).
@@ -11,26 +11,32 @@ from __future__ import annotations
 
 import re
 import sys
-import time
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Literal
 
 import pytest
 
+from .core.messages import RankStart
+from .core.states import Backend, Word
 from .errors import NcclUsageError
 
-BACKENDS = ("auto", "nccl", "gloo")
-SPMD_MODES = ("auto", "on", "off")
-RANK_STARTS = ("auto", "fork", "spawn")
+BACKENDS = tuple(Backend)
+RANK_STARTS = tuple(RankStart)
 #: the fixtures a marked test gets from its rank; a user's own fixture or parameter of one of these
 #: names cannot reach a marked test (see :func:`rank_fixture_conflict`)
 RANK_FIXTURES = ("rank", "world_size", "device", "backend")
-# Under pytest-timeout, our bound ends this long before pytest-timeout's deadline: what it takes
-# to collect every stuck rank's stack (DUMP_WAIT), tear the group down and write the report.
-PYTEST_TIMEOUT_RESERVE = 3.0
-MIN_BOUND = 0.5
 #: exit status of --nccl-exitcode-infra: git bisect's "cannot test this commit"
 EXITCODE_INFRA = 125
+
+
+class SpmdMode(Word):
+    """``--nccl-spmd``: SPMD mode under a launcher."""
+    AUTO = "auto"    # when a launcher set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
+    ON = "on"
+    OFF = "off"
+
+
+SPMD_MODES = tuple(SpmdMode)
 
 
 # -- parsers: one clear line for anything wrong; ``where`` names the source -------------------------
@@ -55,11 +61,12 @@ def parse_timeout(value, where: str) -> float:
     return timeout
 
 
-def parse_choice(value, where: str, choices: tuple) -> str:
+def parse_choice(value, where: str, choices: tuple) -> Any:
+    """The member of ``choices`` (an enum's members) that ``value`` names."""
     choice = str(value).strip().lower()
     if choice not in choices:
         raise NcclUsageError(f"{where} must be one of {', '.join(choices)}, got {value!r}")
-    return choice
+    return type(choices[0])(choice)
 
 
 def parse_backend(value, where: str) -> str:
@@ -294,119 +301,3 @@ def unsupported_platform(platform: str | None = None) -> str | None:
     if platform.startswith("linux"):
         return None
     return f"pytest-nccl runs distributed tests on Linux only (this is {platform})"
-
-
-# -- where a group's ranks run -----------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Placement:
-    """The backend of a group and what CUDA its ranks see.
-
-    ``gpus``: each rank gets a GPU of its own (leased, ``CUDA_VISIBLE_DEVICES`` = the lease), so
-    ``cuda:LOCAL_RANK`` is valid. Otherwise CUDA is hidden from the ranks (``CUDA_VISIBLE_DEVICES``
-    empty): gloo fallback means the CPU path, and libraries that see a GPU would put rank N on
-    ``cuda:N``, which does not exist on a host with fewer GPUs than ranks ("invalid device ordinal").
-    """
-    backend: str
-    why: str
-    gpus: bool = False
-
-    def describe(self) -> str:
-        return f"backend {self.backend} ({self.why})"
-
-
-def _devices(n: int) -> str:
-    return f"{n} CUDA device{'s' if n != 1 else ''}"
-
-
-def place(requested: str, world: int, cuda_devices: int) -> Placement:
-    """Where a group of ``world`` ranks runs on a host with ``cuda_devices`` GPUs.
-
-    auto: NCCL with a GPU per rank when there are enough, else gloo with CUDA hidden.
-    nccl: NCCL, or one clear error when there are too few GPUs.
-    gloo: gloo; with a GPU per rank when there are enough (gloo tests of code that keeps its model on
-    ``cuda:LOCAL_RANK``), else with CUDA hidden, as under the automatic fallback.
-    """
-    if requested == "nccl":
-        if cuda_devices < world:
-            raise NcclUsageError(f"--nccl-backend=nccl needs {world} CUDA devices for world {world}; "
-                                 f"this machine has {cuda_devices}")
-        return Placement("nccl", "requested", gpus=True)
-    if requested == "gloo":
-        if cuda_devices == 0:
-            return Placement("gloo", "requested")
-        if cuda_devices >= world:
-            return Placement("gloo", f"requested; a GPU per rank: {_devices(cuda_devices)} >= world {world}",
-                             gpus=True)
-        return Placement("gloo", f"requested; CUDA hidden from the ranks: {_devices(cuda_devices)} < world {world}")
-    if cuda_devices == 0:
-        return Placement("gloo", "auto: no CUDA device")
-    if cuda_devices < world:
-        return Placement("gloo", f"auto: {_devices(cuda_devices)} < world {world}; CUDA hidden from the ranks")
-    return Placement("nccl", f"auto: {_devices(cuda_devices)} >= world {world}", gpus=True)
-
-
-# -- the bound of one test -----------------------------------------------------------------------------
-
-def _number(value) -> float:
-    try:
-        return float(value) if value not in (None, "") else 0.0
-    except (TypeError, ValueError):
-        return 0.0
-
-
-def pytest_timeout_of(item) -> tuple[float, bool]:
-    """(seconds, func_only) of pytest-timeout for this item; 0 when it sets none."""
-    seconds, func_only = None, None
-    marker = item.get_closest_marker("timeout")
-    if marker is not None:
-        seconds = marker.args[0] if marker.args else marker.kwargs.get("timeout")
-        func_only = marker.kwargs.get("func_only")
-    config = item.config
-    if seconds is None:
-        for get in (config.getoption, config.getini):
-            try:
-                seconds = get("timeout")
-            except (ValueError, KeyError, AttributeError):
-                seconds = None
-            if seconds not in (None, ""):
-                break
-    if func_only is None:
-        try:
-            func_only = config.getini("timeout_func_only")
-        except (ValueError, KeyError):
-            func_only = False
-    return _number(seconds), bool(func_only) and str(func_only).lower() not in ("false", "0")
-
-
-@dataclass
-class Budget:
-    """The time a test may take: our bound, and pytest-timeout's deadline when it has one.
-
-    pytest-timeout's clock starts with the item's set-up (or with the call, ``func_only``), and
-    group start (fork server, imports, rendezvous) happens inside the call: so the bound is what is
-    left of pytest-timeout's budget once the group is up, minus what our report needs.
-    """
-    timeout: float
-    deadline: float | None = None    # time.monotonic() at which pytest-timeout fires
-
-    def setup_deadline(self, now: float | None = None, minimum: float = 30.0) -> float:
-        now = time.monotonic() if now is None else now
-        own = now + max(self.timeout, minimum)
-        return own if self.deadline is None else min(own, self.deadline - PYTEST_TIMEOUT_RESERVE)
-
-    def bound(self, now: float | None = None) -> float:
-        """The bound of a call that starts now."""
-        if self.deadline is None:
-            return self.timeout
-        now = time.monotonic() if now is None else now
-        return max(MIN_BOUND, min(self.timeout, self.deadline - now - PYTEST_TIMEOUT_RESERVE))
-
-
-def budget_for(item, timeout: float, started: float | None) -> Budget:
-    """``started``: when pytest-timeout's clock started for this item (set-up, or the call)."""
-    seconds, func_only = pytest_timeout_of(item)
-    if seconds <= 0:
-        return Budget(timeout)
-    start = started if (started is not None and not func_only) else time.monotonic()
-    return Budget(timeout, start + seconds)

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
+from pytest_nccl.budget import PYTEST_TIMEOUT_RESERVE, Budget
 from pytest_nccl.forked.gpus import visible_devices
-from pytest_nccl.settings import PYTEST_TIMEOUT_RESERVE, Budget
 
 
 @pytest.mark.parametrize("environ, count, names", [

@@ -7,7 +7,8 @@ import pytest
 
 from pytest_nccl.errors import NcclUsageError
 from pytest_nccl.forked.gpus import GpuLeaser
-from pytest_nccl.settings import Placement, parse_world, place
+from pytest_nccl.placement import Placement, place
+from pytest_nccl.settings import parse_world
 
 
 @pytest.mark.parametrize("requested, world, gpus, expected", [

@@ -209,10 +209,11 @@ def test_an_outcome_that_arrives_during_a_dump_request_reaches_the_referee():
 
     from pytest_nccl.core.messages import Call, CallDone, CallKind
     from pytest_nccl.core.reports import RankReport
-    from pytest_nccl.forked.group import RankGroup, _CallState
+    from pytest_nccl.forked.call import CallState
+    from pytest_nccl.forked.group import RankGroup
 
     ours, theirs = Pipe()
-    state = _CallState(Call(7, CallKind.TEST), 2, 0.0, 0, Referee(2, bound=60, t0=0.0), conns={1: ours})
+    state = CallState(Call(7, CallKind.TEST), 2, 0.0, 0, Referee(2, bound=60, t0=0.0), conns={1: ours})
     theirs.send(CallDone(RankReport(1, RankState.PASSED, call_id=7)))
     RankGroup._receive(SimpleNamespace(conns={1: ours}), ours, state)   # as _request_dumps calls it
     assert state.referee.states == {1: RankState.PASSED} and 1 not in state.live

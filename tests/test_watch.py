@@ -17,12 +17,12 @@ import sys
 import textwrap
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from collective_records import record
 from conftest import assert_no_leftovers, line_of
+from watch_support import Watched, free_port, job_env
 
 from pytest_nccl.core.journal import JournalTail
 from pytest_nccl.core.referee import TIMING, Referee
@@ -31,13 +31,11 @@ from pytest_nccl.core.states import RankState, Reason
 from pytest_nccl.watch import jobdir, present
 from pytest_nccl.watch.cli import EXIT_DIAGNOSED, EXIT_DIAGNOSED_KEPT, EXIT_USAGE, main
 from pytest_nccl.watch.follow import JournalFile
-from pytest_nccl.watch.monitor import KEEP, Monitor
+from pytest_nccl.watch.monitor import Monitor
+from pytest_nccl.watch.window import KEEP
 
 REPO = Path(__file__).resolve().parents[1]
 JOB_TIMEOUT = 90  # one watched job; longer is itself a hang
-DROP_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-            "GROUP_RANK", "ROLE_RANK", "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT",
-            "SLURM_PROCID", "PYTEST_NCCL_WATCH_DIR")
 
 TRAIN = """
 import atexit, datetime, os, subprocess, sys, time
@@ -116,39 +114,11 @@ USER_MARK = 42
 """
 
 
-@dataclass
-class Watched:
-    code: int
-    stdout: str
-    stderr: str
-    elapsed: float
-    tag: str
-    summary: dict | None
-
-    @property
-    def text(self) -> str:
-        return self.stdout + "\n" + self.stderr
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env(tag: str, pythonpath: list | None = None, **extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in DROP_ENV and not k.startswith("TORCHELASTIC_")}
-    paths = [str(p) for p in (pythonpath or [])] + [str(REPO)]
-    env.update(PYTEST_NCCL_TEST_TAG=tag, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(paths), **extra)
-    return env
-
-
 def _command(tmp_path: Path, case: str, watch_args: tuple, source: str = TRAIN) -> list:
     (tmp_path / "train.py").write_text(textwrap.dedent(source).lstrip("\n"))
     return [sys.executable, "-m", "pytest_nccl", "watch", *watch_args, "--json", str(tmp_path / "verdict.json"),
             "--", sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-            "--master-addr=127.0.0.1", f"--master-port={_free_port()}", "train.py", case]
+            "--master-addr=127.0.0.1", f"--master-port={free_port()}", "train.py", case]
 
 
 def watch(tmp_path: Path, case: str, *watch_args: str, pythonpath: list | None = None, source: str = TRAIN,
@@ -157,7 +127,7 @@ def watch(tmp_path: Path, case: str, *watch_args: str, pythonpath: list | None =
     command = _command(tmp_path, case, watch_args, source)
     t0 = time.monotonic()
     try:
-        proc = subprocess.run(command, cwd=tmp_path, env=_env(tag, pythonpath, **env), capture_output=True,
+        proc = subprocess.run(command, cwd=tmp_path, env=job_env(tag, pythonpath, **env), capture_output=True,
                               text=True, timeout=JOB_TIMEOUT, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"the watch did not finish within {JOB_TIMEOUT} s:\n{exc.stdout}\n{exc.stderr}")
@@ -198,7 +168,7 @@ def test_not_a_rank_is_untouched_and_its_status_passes_through(tmp_path):
     tag = uuid.uuid4().hex
     code = "import sys; print(sorted(m for m in sys.modules if m.startswith(('pytest_nccl', 'torch')))); sys.exit(7)"
     proc = subprocess.run([sys.executable, "-m", "pytest_nccl", "watch", "--", sys.executable, "-c", code],
-                          cwd=tmp_path, env=_env(tag), capture_output=True, text=True, timeout=60)
+                          cwd=tmp_path, env=job_env(tag), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 7, proc.stderr
     assert proc.stdout == "[]\n"
     assert "pytest-nccl watch: not a distributed job: no process of it imported torch" in proc.stderr
@@ -300,7 +270,7 @@ def test_nothing_outlives_the_watch(tmp_path, sig):
     """Killed (SIGKILL: the launcher gets PR_SET_PDEATHSIG) or interrupted (Ctrl-C: the watch ends
     the job), the watch leaves no process of the job behind."""
     tag = uuid.uuid4().hex
-    proc = subprocess.Popen(_command(tmp_path, "hang", ("--timeout", "300")), cwd=tmp_path, env=_env(tag),
+    proc = subprocess.Popen(_command(tmp_path, "hang", ("--timeout", "300")), cwd=tmp_path, env=job_env(tag),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     try:
         seen, deadline = "", time.monotonic() + 60
@@ -331,7 +301,7 @@ def test_usage_errors_are_one_line(capsys):
 
 def test_command_not_found(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pytest_nccl", "watch", "--", "no-such-launcher-xyz"],
-                          capture_output=True, text=True, timeout=30, env=_env("none"))
+                          capture_output=True, text=True, timeout=30, env=job_env("none"))
     assert proc.returncode == 127 and "command not found: no-such-launcher-xyz" in proc.stderr
 
 

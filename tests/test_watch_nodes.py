@@ -7,8 +7,6 @@ the channel itself on a store fake, and a watch that cannot see the other node s
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -18,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import assert_no_leftovers, line_of
+from watch_support import free_port, job_env
 
 from pytest_nccl.core.agreement import Digest
 from pytest_nccl.core.reports import RankReport
@@ -136,24 +135,15 @@ def test_a_store_that_went_away_makes_the_channel_lost_not_an_error():
 
 # -- real jobs: two torchrun nodes on one host, each under its own watch --------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _env(tag: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "PYTEST_NCCL_WATCH"))}
-    env.update(PYTEST_NCCL_TEST_TAG=tag, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
-               PYTHONPATH=str(REPO))
-    return env
+    return {k: v for k, v in job_env(tag).items() if not k.startswith("PYTEST_NCCL_WATCH")}
 
 
 def run_nodes(tmp_path: Path, case: str, watched=(0, 1), nproc: int = 2) -> dict:
     """Start node 0 and node 1 of one job (each a torchrun), each under its own watch when listed in
     ``watched``; node -> (exit status, stderr, --json summary or None)."""
     (tmp_path / "job.py").write_text(textwrap.dedent(JOB).lstrip("\n"))
-    port, tag = _free_port(), uuid.uuid4().hex
+    port, tag = free_port(), uuid.uuid4().hex
     procs = {}
     for node in (0, 1):
         launch = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 
 
-class _Word(str, enum.Enum):
+class Word(str, enum.Enum):
     """An enum member that prints as its value in reports, headlines and JSON."""
 
     def __str__(self) -> str:
@@ -21,7 +21,14 @@ class _Word(str, enum.Enum):
         return str.__format__(self, format_spec)
 
 
-class RankState(_Word):
+class Backend(Word):
+    """``--nccl-backend``, and the backend a group runs (torch names it by the same words)."""
+    AUTO = "auto"
+    NCCL = "nccl"
+    GLOO = "gloo"
+
+
+class RankState(Word):
     """How one rank ended a call, or where it is while the call runs (the same in every mode)."""
     PASSED = "passed"
     FAILED = "failed"
@@ -52,14 +59,14 @@ class RankState(_Word):
 CLEAN_STATES = frozenset({RankState.PASSED, RankState.SKIPPED, RankState.XFAILED})
 
 
-class RecordState(_Word):
+class RecordState(Word):
     """Where one collective is on the rank that issued it."""
     ENTERED = "entered"      # issued, not completed (a synchronous one: the rank sits in it)
     WAITING = "waiting"      # an async one whose Work.wait the rank sits in
     COMPLETED = "completed"
 
 
-class Source(_Word):
+class Source(Word):
     """Where a record came from."""
     PYTHON = "python"                    # the tracer's journal, written before the rank entered it
     FLIGHT_RECORDER = "flight-recorder"  # torch's Flight Recorder: issued from C++ (DDP's reducer)
@@ -67,14 +74,14 @@ class Source(_Word):
                                          # group being created, a store read: journal v3)
 
 
-class Reason(_Word):
+class Reason(Word):
     """Why a call stopped being watched."""
     COMPLETED = "completed"   # every rank finished
     DECIDED = "decided"       # a rule found the outcome before every rank finished
     TIMEOUT = "timeout"       # the bound was reached
 
 
-class Kind(_Word):
+class Kind(Word):
     """What kind of failure a diagnosis names (docs/diagnosis.md shows each with its headline)."""
     SHAPE_MISMATCH = "shape-mismatch"
     DTYPE_MISMATCH = "dtype-mismatch"

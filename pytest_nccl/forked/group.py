@@ -26,38 +26,13 @@ from ..core.referee import TIMING, Referee
 from ..core.reports import CallResult, RankReport
 from ..core.states import RankState, Reason
 from ..errors import RankSetupError
+from .call import CallState, ForkedCallView, file_size, journal_path
 from .zygote_client import Zygote
 
 
 def _ready(conns: list[Connection], timeout: float) -> list[Connection]:
     """``wait`` on connections: it returns some of those it was given (its stub: any waitable)."""
     return cast("list[Connection]", wait(conns, timeout=timeout))
-
-
-def _journal_path(call: Call, rank: int) -> str:
-    return os.path.join(call.journal_dir, f"journal-{rank}.txt")
-
-
-class _CallState:
-    """What the controller has learned so far about one call."""
-
-    def __init__(self, call: Call, world: int, t0: float, since_ns: int, referee: Referee,
-                 conns: dict[int, Connection]):
-        self.call, self.t0, self.since_ns = call, t0, since_ns
-        self.referee = referee
-        self.conns = conns            # the group's connections: a rank's is dropped when it dies
-        self.reports: dict[int, RankReport] = {}   # ranks that finished (or died)
-        self.stacks: dict[int, str] = {}           # ranks still running, once asked
-        self.fr_json: dict[int, str] = {}
-        self.fr_pickle: dict[int, bytes] = {}
-        self.pending_dumps: set = set()
-        self.want_stacks = False
-
-    @property
-    def live(self) -> dict[int, Connection]:
-        """Ranks still in the call: connected, and not finished for the referee (one source of truth,
-        whichever read of a rank's messages saw its outcome)."""
-        return {r: c for r, c in self.conns.items() if r not in self.referee.states}
 
 
 class RankGroup:
@@ -165,9 +140,9 @@ class RankGroup:
         call.call_id = next(self.calls)
         t0 = time.monotonic()
         referee = Referee(self.world, bound, t0, trace=call.trace, flight_recorder=True)
-        state = _CallState(call, self.world, t0, time.time_ns(), referee, self.conns)
-        view = _ForkedCallView(self, state)
-        offsets = {r: _size(self.output_path(r)) for r in range(self.world)}
+        state = CallState(call, self.world, t0, time.time_ns(), referee, self.conns)
+        view = ForkedCallView(self, state)
+        offsets = {r: file_size(self.output_path(r)) for r in range(self.world)}
         for conn in self.conns.values():
             try:
                 conn.send(RunCall(call))
@@ -208,7 +183,7 @@ class RankGroup:
         if not self.healthy:
             self.kill()
         for rank, rep in reports.items():
-            if _size(self.output_path(rank)) > offsets[rank]:
+            if file_size(self.output_path(rank)) > offsets[rank]:
                 rep.output = _read_from(self.output_path(rank), offsets[rank])
         self._fill_exit_statuses(reports)
         fr = state.fr_json if len(state.fr_json) == self.world else None
@@ -217,7 +192,7 @@ class RankGroup:
         result.fr_json, result.fr_pickle = dict(state.fr_json), dict(state.fr_pickle)
         return result
 
-    def _settle(self, state: "_CallState") -> None:
+    def _settle(self, state: "CallState") -> None:
         """The call is decided; give ranks that are outside any collective a moment to finish too,
         so the report says "ranks 1,2 left the test" rather than catching one of them mid-return."""
         deadline = time.monotonic() + TIMING.settle
@@ -228,7 +203,7 @@ class RankGroup:
             for obj in _ready(list(state.live.values()), timeout=timeout):
                 self._receive(obj, state)
 
-    def _receive(self, conn: Connection, state: "_CallState") -> None:
+    def _receive(self, conn: Connection, state: "CallState") -> None:
         """Take one message from a rank during a call; outcomes and deaths go to the call's referee,
         wherever they arrive (also while a Flight Recorder or stack request waits for answers)."""
         referee = state.referee
@@ -253,7 +228,7 @@ class RankGroup:
             if msg.fr_pickle:
                 state.fr_pickle[rank] = msg.fr_pickle
 
-    def _request_dumps(self, state: "_CallState", ranks: list, timeout: float, want_stacks=False) -> None:
+    def _request_dumps(self, state: "CallState", ranks: list, timeout: float, want_stacks=False) -> None:
         """Ask ranks for stacks and Flight Recorder: their reader thread answers while the main
         thread waits in a collective, and idle ranks answer too."""
         state.want_stacks = want_stacks
@@ -276,7 +251,7 @@ class RankGroup:
                 self._receive(obj, state)
             state.pending_dumps &= set(self.conns)
 
-    def _faulthandler_stacks(self, state: "_CallState") -> None:
+    def _faulthandler_stacks(self, state: "CallState") -> None:
         """Where a running rank could not answer (the GIL held in C code), faulthandler writes its
         stacks on SIGUSR1."""
         silent = [r for r in state.live if not state.stacks.get(r)]
@@ -293,7 +268,7 @@ class RankGroup:
                 state.stacks[rank] = _read_from(self.stack_path(rank), 0)[-6000:]
 
     def _journals(self, call: Call, fr_json: dict | None = None, since_ns: int = 0) -> dict:
-        journals = {r: read_journal(_journal_path(call, r), r) for r in range(self.world)}
+        journals = {r: read_journal(journal_path(call, r), r) for r in range(self.world)}
         if fr_json:
             dumps = {r: records_from_dump(fr_json.get(r), r, since_ns) for r in journals}
             journals = merge_flight_recorder(journals, dumps)
@@ -365,34 +340,6 @@ def _free_loopback_port() -> int:
         return s.getsockname()[1]
 
 
-class _ForkedCallView:
-    """What the referee reads of a running forked call: journal files, and the Flight Recorder
-    asked of every rank over its socket."""
-
-    def __init__(self, group: RankGroup, state: "_CallState"):
-        self.group, self.state = group, state
-
-    def journals(self) -> dict:
-        return self.group._journals(self.state.call)
-
-    def journal_sizes(self) -> list:
-        return [_size(_journal_path(self.state.call, r)) for r in range(self.group.world)]
-
-    def flight_recorder_journals(self) -> dict | None:
-        state = self.state
-        self.group._request_dumps(state, list(self.group.conns), TIMING.flight_recorder_wait)
-        if len(state.fr_json) != self.group.world:
-            return None
-        return self.group._journals(state.call, state.fr_json, state.since_ns)
-
-
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
-
-
 def _read_from(path: str, offset: int) -> str:
     try:
         with open(path, "rb") as f:
@@ -403,5 +350,5 @@ def _read_from(path: str, offset: int) -> str:
 
 
 def _tail(path: str, lines: int) -> str:
-    text = _read_from(path, max(0, _size(path) - 4000)).strip().splitlines()
+    text = _read_from(path, max(0, file_size(path) - 4000)).strip().splitlines()
     return " | ".join(text[-lines:])[:300]

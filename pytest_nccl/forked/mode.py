@@ -12,12 +12,14 @@ import warnings
 
 import pytest
 
+from ..budget import Budget
 from ..core.messages import Call, CallKind, RankStart
 from ..core.reports import CallResult
 from ..core.states import RankState
 from ..errors import NcclUsageError, RankSetupError
+from ..placement import Placement
 from ..session import NcclSession, exception_class, item_budget, item_outcome, record_failure, write_trace
-from ..settings import RANK_FIXTURES, Budget, MarkerArgs, Placement, argnames_of, parse_marker
+from ..settings import RANK_FIXTURES, MarkerArgs, argnames_of, parse_marker
 from ..views.report import format_report
 from .gpus import GpuLeaser
 from .pool import GroupPool

@@ -66,7 +66,7 @@ class GroupPool:
 
     def get(self, world: int, placement, timeout: float, deadline: float) -> RankGroup:
         """A healthy group of this shape: the warm one after a health check, else a fresh one.
-        ``placement`` (settings.Placement): the backend, and whether each rank gets a GPU of its
+        ``placement`` (placement.Placement): the backend, and whether each rank gets a GPU of its
         own (leased) or sees no CUDA at all."""
         zygote = self.ensure_zygote()
         key = (world, placement.backend, placement.gpus, timeout)

@@ -30,7 +30,7 @@ from typing import Any
 from ..core.agreement import Digest
 from ..core.messages import Call, CallDone, CallKind, Dump, DumpRequest, Hello, Joined, RankSpec, RunCall, SetupFailed
 from ..core.reports import RankReport
-from ..core.states import RankState
+from ..core.states import Backend, RankState
 from . import tracer
 from .stacks import describe_exception, exit_like_os_exit, format_exception, format_stacks
 
@@ -114,10 +114,10 @@ def _rank_fixtures(names, rank: int) -> dict:
         return {}
     import torch
     import torch.distributed as dist
-    backend = dist.get_backend()
+    backend = str(dist.get_backend())  # torch's Backend is a str of the same word
     local = int(os.environ.get("LOCAL_RANK", rank))
     values = {"rank": rank, "world_size": dist.get_world_size(), "backend": backend,
-              "device": torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")}
+              "device": torch.device("cuda", local) if backend == Backend.NCCL else torch.device("cpu")}
     return {name: values[name] for name in names}
 
 
@@ -200,7 +200,7 @@ def main(spec: RankSpec, prepare=None) -> None:
         timeout = datetime.timedelta(seconds=spec.pg_timeout)
         store = dist.FileStore(spec.store_path, spec.world)
         kwargs: dict[str, Any] = {}
-        if spec.backend == "nccl":
+        if spec.backend == Backend.NCCL:
             torch.cuda.set_device(spec.local_rank)
             kwargs["device_id"] = torch.device("cuda", spec.local_rank)
         dist.init_process_group(spec.backend, store=store, rank=rank, world_size=spec.world,

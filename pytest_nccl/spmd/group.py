@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pytest
 
 from ..core.referee import TIMING
+from ..core.states import Backend
 from ..errors import RankSetupError
 from .release import abort_connections
 from .store import BYE, DONE, LEFT, poll, safe_set
@@ -98,7 +99,7 @@ class LaunchedGroup:
         base = self._connected(self._base)
         store = dist.PrefixStore(f"pg{self.gen}/", self._connected(self.store))
         kwargs: dict[str, Any] = {}
-        if self.backend == "nccl":
+        if self.backend == Backend.NCCL:
             torch.cuda.set_device(self.launch.local_rank)
             kwargs["device_id"] = torch.device("cuda", self.launch.local_rank)
         t0 = time.monotonic()
@@ -136,7 +137,7 @@ class LaunchedGroup:
         interrupt the main thread when it runs a fixture or the body."""
         count = abort_connections({self.launch.master_port})
         self.debug(f"abort {run.nodeid}: shut down {count} connections")
-        if self.backend == "nccl":
+        if self.backend == Backend.NCCL:
             try:
                 from torch.distributed.distributed_c10d import _abort_process_group
                 _abort_process_group()

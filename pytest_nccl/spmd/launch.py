@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import NcclUsageError
+from ..settings import SpmdMode
 
 
 @dataclass
@@ -28,11 +29,11 @@ def detect(mode: str, env=None) -> Launch | None:
     auto: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are all set. on: they must be (SLURM_PROCID /
     SLURM_NTASKS stand in for RANK / WORLD_SIZE). off: never."""
     env = os.environ if env is None else env
-    if mode == "off":
+    if mode == SpmdMode.OFF:
         return None
     rank, world = env.get("RANK"), env.get("WORLD_SIZE")
     local_rank, local_world = env.get("LOCAL_RANK"), env.get("LOCAL_WORLD_SIZE")
-    if mode == "on" and rank is None and world is None and "SLURM_PROCID" in env:
+    if mode == SpmdMode.ON and rank is None and world is None and "SLURM_PROCID" in env:
         rank, world = env.get("SLURM_PROCID"), env.get("SLURM_NTASKS")
         local_rank = local_rank or env.get("SLURM_LOCALID")
         local_world = local_world or env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0] or None
@@ -40,7 +41,7 @@ def detect(mode: str, env=None) -> Launch | None:
               "MASTER_PORT": env.get("MASTER_PORT")}
     missing = [k for k, v in needed.items() if not v]
     if missing:
-        if mode == "on":
+        if mode == SpmdMode.ON:
             raise NcclUsageError("--nccl-spmd=on needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the "
                                  f"environment (torchrun sets them); missing: {', '.join(missing)}")
         return None

@@ -21,9 +21,11 @@ from ..core.agreement import Digest
 from ..core.messages import Collected, Verdict
 from ..core.referee import TIMING
 from ..core.reports import RankReport
+from ..core.states import Backend
 from ..errors import NcclUsageError, RankSetupError
+from ..placement import place
 from ..session import item_budget
-from ..settings import MarkerArgs, parse_marker, place
+from ..settings import MarkerArgs, parse_marker
 from .collection import collection_difference
 from .group import LaunchedGroup
 from .launch import Launch
@@ -139,7 +141,7 @@ class SpmdSession:
             return self.backend
         if name == "device":
             import torch
-            if self.backend == "nccl":
+            if self.backend == Backend.NCCL:
                 return torch.device("cuda", self.launch.local_rank)
             return torch.device("cpu")
         raise KeyError(name)
@@ -210,7 +212,7 @@ class SpmdSession:
                         f"rank{'s' if self.world != 1 else ''}")
         if args.backend is not None:
             backend = args.backend
-            if backend != "auto" and backend != self.backend:
+            if backend != Backend.AUTO and backend != self.backend:
                 return f"pytest-nccl: {item.name} needs backend {backend}; the launched group runs {self.backend}"
         return None
 

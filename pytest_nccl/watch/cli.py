@@ -32,7 +32,8 @@ from ..core.referee import TIMING
 from ..core.sites import headline_site
 from ..core.states import Reason
 from . import control, jobdir, present
-from .monitor import Finding, Monitor
+from .finding import Finding
+from .monitor import Monitor
 from .outcome import (  # noqa: F401  (the statuses, named where they were)
     EXIT_DIAGNOSED,
     EXIT_DIAGNOSED_KEPT,

@@ -4,9 +4,9 @@
 saw), the bytes each journal gained since the last tick (read by offset, following the file across
 rotations), exit records and vanished pids (``Referee.finished``), then ``Referee.step`` with a
 ``JobView``. Its cost per tick does not grow with the job: journals are read incrementally and the
-records kept are a window (``KEEP`` per group and rank, renumbered from ``base``; ``present.py``
-prints the numbers the ranks counted). ``conclude`` collects the stacks of the ranks still running
-and hands every rank's report to the judge, as the test modes do (``judge.judge``).
+records kept are a window (``window.py``). ``conclude`` collects the stacks of the ranks still
+running and hands every rank's report to the judge, as the test modes do (``judge.judge``): a
+``finding.Finding``.
 """
 
 from __future__ import annotations
@@ -16,15 +16,11 @@ import json
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
-from ..core.diagnosis import Diagnosis
 from ..core.exits import decode_wait_status
 from ..core.flight import merge as merge_flight_recorder
 from ..core.flight import records_from_dump
-from ..core.groups import members_of
-from ..core.journal import JournalTail
 from ..core.judge import judge, settled
 from ..core.records import RankView
 from ..core.referee import TIMING, Referee
@@ -32,32 +28,13 @@ from ..core.reports import RankReport
 from ..core.states import RankState, Reason
 from . import jobdir
 from .channel import connect as channel_connect
+from .finding import Finding
 from .follow import Followed, LocalRank, RemoteRank, ask_all, fr_progress
 from .nodes import Nodes
+from .window import Window
 
-KEEP = 1000               # records of a group kept per rank (the window holds KEEP to 2 * KEEP)
 FATAL_SIGNALS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
                  "Floating point exception": "SIGFPE", "Illegal instruction": "SIGILL"}
-
-
-@dataclass
-class Finding:
-    """What the watch concluded."""
-    reason: Reason
-    views: list
-    diagnosis: Diagnosis | None
-    elapsed: float
-    backend: str
-    bases: dict                      # group -> collectives before the window (renumbering)
-    counts: dict                     # rank -> {group: collectives entered}
-    fr_pickles: dict = field(default_factory=dict)
-
-    @property
-    def verdict(self) -> Diagnosis:
-        """The diagnosis of a finding that has one (every finding the watch reports)."""
-        if self.diagnosis is None:
-            raise ValueError("pytest-nccl watch: a clean finding has no verdict")
-        return self.diagnosis
 
 
 class JobView:
@@ -107,7 +84,7 @@ class Monitor:
         self.nodes: Nodes | None = None      # the other nodes' watches, when the channel is up
         self.referee: Referee | None = None
         self.t0 = 0.0
-        self.base: dict[str, int] = {}
+        self.window = Window()
         self.view = JobView(self)
         self._next_scan = 0.0
         self._stop = threading.Event()
@@ -125,7 +102,7 @@ class Monitor:
             return None
         for f in list(self.ranks.values()):
             self._read(f)
-        self._trim()
+        self.window.trim(self.ranks, self.world)
         self._finished(now)
         reason = self.referee.step(now, self.view)
         if reason is not None:
@@ -212,55 +189,7 @@ class Monitor:
         return self._report(rank, None) if f is not None and f.state is not None else None
 
     def _read(self, f: Followed) -> None:
-        data = f.file.read()
-        if f.file.truncated:  # a new incarnation of the rank: follow it from scratch
-            f.file.truncated = False
-            f.tail, f.records, f.count, f.kept = JournalTail(f.rank), [], {}, {}
-        if not data:
-            return
-        for rec in f.tail.feed(data):
-            f.count[rec.pg] = rec.seq
-            f.kept[rec.pg] = f.kept.get(rec.pg, 0) + 1
-            if not rec.pg.endswith(":p2p"):
-                rec.seq -= self.base.get(rec.pg, 0)
-            f.records.append(rec)
-
-    def _trim(self) -> None:
-        """Keep a window. A collective group's records are dropped from the front on every rank at
-        once and renumbered (the rules compare positions); a point-to-point group's, which are not
-        aligned across ranks, are dropped rank by rank and keep their numbers."""
-        for f in self.ranks.values():
-            for pg, kept in list(f.kept.items()):
-                if pg.endswith(":p2p") and kept >= 2 * KEEP:
-                    self._drop(f, pg, kept - KEEP, renumber=0)
-        groups = {pg for f in self.ranks.values() for pg in f.count if not pg.endswith(":p2p")}
-        for pg in groups:
-            members = set(members_of(pg, self.world))
-            entered = [f.count[pg] for r, f in self.ranks.items() if r in members and pg in f.count]
-            base = self.base.get(pg, 0)
-            if not entered or min(entered) - base < 2 * KEEP:
-                continue
-            shift = min(entered) - KEEP - base
-            for f in self.ranks.values():
-                if pg in f.kept:
-                    self._drop(f, pg, shift, renumber=shift)
-            self.base[pg] = base + shift
-
-    def _drop(self, f: Followed, pg: str, n: int, renumber: int) -> None:
-        """Drop ``n`` records of ``pg`` from the front of the rank's window, renumbering the rest."""
-        base = 0 if pg.endswith(":p2p") else self.base.get(pg, 0)
-        out, dropped, last = [], 0, 0
-        for rec in f.records:
-            if rec.pg == pg and dropped < n:
-                dropped += 1
-                last = rec.seq + base
-                continue
-            if rec.pg == pg and renumber:
-                rec.seq -= renumber
-            out.append(rec)
-        f.records = out
-        f.kept[pg] -= dropped
-        f.tail.forget(pg, last)
+        self.window.read(f)
 
     def _finished(self, now: float) -> None:
         for f in self.ranks.values():
@@ -335,7 +264,7 @@ class Monitor:
             for view in result.ranks:
                 view.records = self._journals(reports, answers)[view.rank]
         backend = next((f.info.get("backend", "") for f in self.ranks.values()), "")
-        return Finding(reason, result.ranks, result.diagnosis, now - self.t0, backend, dict(self.base),
+        return Finding(reason, result.ranks, result.diagnosis, now - self.t0, backend, dict(self.window.base),
                        {r: dict(f.count) for r, f in self.ranks.items()}, fr_pickles)
 
     def after_exit(self, now: float, launcher_ok: bool = False) -> Finding | None:
@@ -431,7 +360,7 @@ class Monitor:
             return journals
         dumps = {r: records_from_dump(a["fr_json"], r) for r, a in answers.items()}
         merged = merge_flight_recorder({r: [copy.copy(x) for x in recs] for r, recs in journals.items()}, dumps)
-        self.base = {}  # numbered by the Flight Recorder now
+        self.window.base = {}  # numbered by the Flight Recorder now
         return merged
 
 

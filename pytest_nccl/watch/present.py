@@ -14,7 +14,7 @@ import time
 
 from ..core.states import Reason
 from ..views.report import format_report, trace_json, write_trace_dir
-from .monitor import Finding
+from .finding import Finding
 
 # a process group label as the tracer writes it ("default", "pg3[0,2]"); point-to-point labels
 # ("default:p2p") are never renumbered

@@ -1,0 +1,60 @@
+"""Where a group's ranks run: the backend, and what CUDA its ranks see. Pure: the GPU count comes in
+as a number (``session.cuda_device_count`` asks torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .core.states import Backend
+from .errors import NcclUsageError
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The backend of a group and what CUDA its ranks see.
+
+    ``gpus``: each rank gets a GPU of its own (leased, ``CUDA_VISIBLE_DEVICES`` = the lease), so
+    ``cuda:LOCAL_RANK`` is valid. Otherwise CUDA is hidden from the ranks (``CUDA_VISIBLE_DEVICES``
+    empty): gloo fallback means the CPU path, and libraries that see a GPU would put rank N on
+    ``cuda:N``, which does not exist on a host with fewer GPUs than ranks ("invalid device ordinal").
+    """
+    backend: Backend
+    why: str
+    gpus: bool = False
+
+    def describe(self) -> str:
+        return f"backend {self.backend} ({self.why})"
+
+
+def _devices(n: int) -> str:
+    return f"{n} CUDA device{'s' if n != 1 else ''}"
+
+
+def place(requested: str, world: int, cuda_devices: int) -> Placement:
+    """Where a group of ``world`` ranks runs on a host with ``cuda_devices`` GPUs.
+
+    auto: NCCL with a GPU per rank when there are enough, else gloo with CUDA hidden.
+    nccl: NCCL, or one clear error when there are too few GPUs.
+    gloo: gloo; with a GPU per rank when there are enough (gloo tests of code that keeps its model on
+    ``cuda:LOCAL_RANK``), else with CUDA hidden, as under the automatic fallback.
+    """
+    if requested == Backend.NCCL:
+        if cuda_devices < world:
+            raise NcclUsageError(f"--nccl-backend=nccl needs {world} CUDA devices for world {world}; "
+                                 f"this machine has {cuda_devices}")
+        return Placement(Backend.NCCL, "requested", gpus=True)
+    if requested == Backend.GLOO:
+        if cuda_devices == 0:
+            return Placement(Backend.GLOO, "requested")
+        if cuda_devices >= world:
+            return Placement(Backend.GLOO, f"requested; a GPU per rank: {_devices(cuda_devices)} >= world {world}",
+                             gpus=True)
+        return Placement(Backend.GLOO,
+                         f"requested; CUDA hidden from the ranks: {_devices(cuda_devices)} < world {world}")
+    if cuda_devices == 0:
+        return Placement(Backend.GLOO, "auto: no CUDA device")
+    if cuda_devices < world:
+        return Placement(Backend.GLOO, f"auto: {_devices(cuda_devices)} < world {world}; CUDA hidden from the ranks")
+    return Placement(Backend.NCCL, f"auto: {_devices(cuda_devices)} >= world {world}", gpus=True)
+
+
