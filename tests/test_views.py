@@ -333,3 +333,22 @@ def test_a_64_rank_10000_collective_page_draws_within_the_bound(tmp_path):
     ms = float(attrs["render-ms"])
     print(f"64 ranks x 10,000 collectives: drawn {ms:.0f} ms after navigation start")
     assert ms < RENDER_BOUND_MS, f"the page took {ms:.0f} ms to draw"
+
+
+def test_the_report_hides_the_rank_loop_and_fork_server_around_the_body():
+    """A stuck rank's stack as the rank formats it: the fork server and the rank loop (wherever the
+    package keeps them) go, the test body and what it called stay; the reader thread goes."""
+    from pytest_nccl.rank import loop, zygote
+    from pytest_nccl.views.report import _trim_stack
+
+    stack = (
+        "Thread MainThread:\n"
+        f'  File "{zygote.__file__}", line 245, in main\n    _Server(conn, state).serve()\n'
+        f'  File "{loop.__file__}", line 217, in main\n    report = run_call(calls.get(), rank)\n'
+        f'  File "{loop.__file__}", line 140, in run_call\n    value = fn(*args, **kwargs)\n'
+        '  File "/w/test_x.py", line 9, in test_train_loop\n    dist.all_reduce(grads)\n'
+        "Thread pytest-nccl-reader:\n"
+        f'  File "{loop.__file__}", line 40, in _reader\n    msg = conn.recv()\n')
+    shown = _trim_stack(stack)
+    assert "test_x.py" in shown and "dist.all_reduce(grads)" in shown
+    assert "zygote.py" not in shown and "loop.py" not in shown, shown

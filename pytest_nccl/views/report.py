@@ -178,9 +178,9 @@ def _thread_blocks(stack: str) -> list[list[str]]:
 
 def _without_harness(stack: str) -> str:
     """Keep the test's frames: drop the fork server and rank loop around the test body (everything
-    outside ``rank.run_call``) and the rank's reader thread. Handles both our format (outermost
-    first) and faulthandler's (most recent call first)."""
-    marker = "pytest_nccl" + os.sep + "rank.py"
+    outside ``rank/loop.py``'s ``run_call``) and the rank's reader thread. Handles both our format
+    (outermost first) and faulthandler's (most recent call first)."""
+    marker = os.path.join("pytest_nccl", "rank", "loop.py")
     kept = []
     for block in _thread_blocks(stack):
         if any(marker in line and "_reader" in line for line in block):
