@@ -140,6 +140,7 @@ class Timing:
     ask_poll: float = 0.02  # watch, several nodes: how often an asking watch looks for the answer
     job_term_wait: float = 5.0  # watch: between SIGTERM and SIGKILL when the watch ends the job
     orphan_kill_after: float = 10.0  # watch: a rank whose watch is gone: for its own handler
+    agent_close_wait: float = 5.0  # watch: at a rank's exit, for its agent to finish the answer in progress
 
 
 TIMING = Timing()

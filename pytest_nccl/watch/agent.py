@@ -91,11 +91,16 @@ class Agent:
         self.thread.start()
 
     def close(self) -> None:
+        """At the rank's exit: no more questions, and the one being answered finished first. An answer
+        runs torch's C++ (the Flight Recorder's dump); a process that exits meanwhile aborts in C++'s
+        destructors ("terminate called without an active exception"), which fails a healthy job."""
         try:
             self.sock.close()
             os.unlink(self.path)
         except OSError:
             pass
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join(timeout=TIMING.agent_close_wait)
 
     def _run(self) -> None:
         next_chores = time.monotonic() + 1.0
