@@ -1,6 +1,8 @@
-"""What the watches of one job on several nodes say to each other, through a channel the job already
-has: the launcher's c10d store at ``MASTER_ADDR:MASTER_PORT`` (torchrun's agent store, or the one
-rank 0 hosts under srun), which every rank reaches anyway.
+"""What the watches of one job on several nodes say to each other, through a store found through the
+one the job already has: the launcher's c10d store at ``MASTER_ADDR:MASTER_PORT`` (torchrun's agent
+store, or the one rank 0 hosts under srun), which every rank reaches anyway. The watch of rank 0's
+node hosts the channel's store itself and announces it there (``connect``): the job's store ends
+with its launcher, and a verdict must outlive a node whose job ended first.
 
 Every watch publishes what it follows of its own node's ranks, and reads what the others publish of
 theirs, under ``pytest-nccl-watch/<job>/``:
@@ -30,8 +32,10 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import socket
 import threading
 import time
+from typing import Callable
 
 from ..core.referee import TIMING
 from ..core.reports import RankReport
@@ -208,12 +212,9 @@ def _tuples(value):
     return value
 
 
-def connect(info: dict, timeout: float = 5.0) -> Channel | None:
-    """The channel of the job a rank belongs to, from its info (``MASTER_ADDR``, ``MASTER_PORT``,
-    the launcher's run id); None when the rank gave no store address or it cannot be reached."""
-    host, port = info.get("master_addr"), info.get("master_port")
-    if not host or not port:
-        return None
+def _store(host: str, port: int, timeout: float, server: bool = False):
+    """A TCPStore client of ``host:port`` (or a server on an ephemeral port), None when it cannot be
+    had."""
     # torch's C++ log would print each failed connection attempt with a stack: the watch says it once
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     try:
@@ -221,9 +222,43 @@ def connect(info: dict, timeout: float = 5.0) -> Channel | None:
 
         import torch.distributed as dist
 
-        store = dist.TCPStore(str(host), int(port), is_master=False, wait_for_workers=False,
-                              timeout=datetime.timedelta(seconds=timeout))
+        return dist.TCPStore(host, port, is_master=server, wait_for_workers=False,
+                             timeout=datetime.timedelta(seconds=timeout))
     except Exception:
         return None
+
+
+def connect(info: dict, decides: Callable[[], bool], timeout: float = 5.0,
+            wait: float = TIMING.agree_wait * 2) -> Channel | None:
+    """The channel between the watches of the job a rank belongs to (``info``: its rank-R.json).
+
+    The watch of rank 0's node (``decides()``) hosts it: a store of its own, which outlives the job's
+    (that one lives in a launcher, which ends with its node's job), announced under
+    ``pytest-nccl-watch/<job>/channel`` in the job's store at ``MASTER_ADDR:MASTER_PORT``; every other
+    watch reads the address there (for ``wait`` seconds) and connects. None when the rank named no
+    store, it cannot be reached, or no watch of rank 0's node announced a channel."""
+    host, port = info.get("master_addr"), info.get("master_port")
+    if not host or not port:
+        return None
+    job_store = _store(str(host), int(port), timeout)
+    if job_store is None:
+        return None
     job = f"{info.get('run_id') or 'job'}/{info.get('attempt') or 0}"
-    return Channel(store, job)
+    key = f"{PREFIX}/{job}/channel"
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            if decides():
+                server = _store(socket.gethostname(), 0, timeout, server=True)
+                if server is None:
+                    return None
+                job_store.set(key, f"{socket.gethostname()}:{server.port}")
+                return Channel(server, job)
+            if job_store.check([key]):
+                there, _, at = job_store.get(key).decode().rpartition(":")
+                store = _store(there, int(at), timeout) or _store(str(host), int(at), timeout)
+                return Channel(store, job) if store is not None else None
+        except Exception:  # the job's store went away with its launcher
+            return None
+        time.sleep(TIMING.ask_poll)
+    return None

@@ -170,7 +170,7 @@ class Monitor:
 
     def _reach_other_nodes(self, info: dict) -> None:
         try:
-            channel = self.connect(info)
+            channel = self.connect(info, lambda: 0 in self.local_ranks())
             _debug(f"ranks on other nodes; their watches {'reached' if channel else 'out of reach'}")
             if channel is None or self._stop.is_set():
                 return
