@@ -59,3 +59,34 @@ def test_functional_ops_keep_their_hash_and_graphs_keep_wait_tensor():
         print("ok")
     """)
     assert out.strip() == "ok"
+
+
+def test_a_stopped_trace_holds_none_of_the_jobs_tensors(tmp_path):
+    """The trace keeps the last call site's frame (its locals: the job's tensors) and the Work of async
+    collectives. Once stopped it must hold none: the journal's flusher thread would otherwise drop
+    them last, at interpreter exit, and a tensor freed by a daemon thread of a finalizing interpreter
+    aborts the process ("terminate called without an active exception": a healthy watched job
+    failed). The job is a file: the tracer keeps no call site in ``-c`` code."""
+    job = tmp_path / "job.py"
+    job.write_text(textwrap.dedent("""
+        import gc, tempfile, weakref
+        import torch, torch.distributed as dist
+        from pytest_nccl.rank import tracer
+        tracer.install()
+        dist.init_process_group("gloo", store=dist.FileStore(tempfile.mktemp(), 1), rank=0, world_size=1)
+        tracer.start(tempfile.mktemp())
+        def step():
+            t = torch.ones(4)
+            dist.all_reduce(t)
+            dist.all_reduce(torch.ones(2), async_op=True)
+            return weakref.ref(t)
+        ref = step()
+        gc.collect()
+        held = ref() is not None  # by the trace: the call site's frame
+        tracer.stop()
+        gc.collect()
+        print(held, ref() is None)
+        dist.destroy_process_group()
+    """))
+    out = _run(f"import runpy; runpy.run_path({str(job)!r})")
+    assert out.split() == ["True", "True"], out

@@ -139,18 +139,31 @@ def close(trace: CallTrace) -> None:
     with _fd_lock:
         trace.writer.close()
         trace.fd = -1
+    # The trace holds the job's frames (call sites) and Work objects, hence its tensors. Let them go
+    # here, on the job's thread: dropped last by the flusher at interpreter exit, a tensor's
+    # destructor releases the GIL, the finalizing interpreter ends the daemon thread inside C++
+    # code, and the process aborts ("terminate called without an active exception").
+    trace.site_frame = trace.site_back = None
+    trace.sites.clear()
+    trace.async_pending.clear()
+    trace.functional.clear()
 
 
 def _flush_loop() -> None:
     """A completed collective followed by a long computation is shown completed within FLUSH_EVERY."""
     while True:
         time.sleep(FLUSH_EVERY)
-        trace = active
-        if trace is not None:
-            try:
-                flush(trace)
-            except OSError:
-                pass
+        _flush_active()
+
+
+def _flush_active() -> None:
+    # a function of its own: the trace is not held while the thread sleeps (``close`` explains why)
+    trace = active
+    if trace is not None:
+        try:
+            flush(trace)
+        except OSError:
+            pass
 
 
 def start_flusher() -> None:
