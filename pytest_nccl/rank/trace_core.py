@@ -174,6 +174,19 @@ def start_flusher() -> None:
         threading.Thread(target=_flush_loop, name="pytest-nccl-journal", daemon=True).start()
 
 
+def replace_c10d(names, wrap: Callable) -> None:
+    """Put ``wrap(name, fn)`` in place of each c10d function named (once: a traced one stays), and in
+    ``torch.distributed`` where that exports the same function."""
+    for name in names:
+        fn = getattr(c10d, name, None)
+        if fn is None or getattr(fn, "_pytest_nccl_traced", False):
+            continue
+        traced = wrap(name, fn)
+        setattr(c10d, name, traced)
+        if getattr(dist, name, None) is fn:
+            setattr(dist, name, traced)
+
+
 # -- group labels ------------------------------------------------------------------------------
 
 MAX_LABEL_RANKS = 48  # characters of the ranks shown in a label; longer: "..." (members unknown)

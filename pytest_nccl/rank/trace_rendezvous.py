@@ -180,15 +180,7 @@ def _group_op(name: str, real):
 
 def install() -> None:
     import torch._C._distributed_c10d as C
-    import torch.distributed as dist
-    for name in GROUP_OPS:
-        real = getattr(c10d, name, None)
-        if real is None or getattr(real, "_pytest_nccl_traced", False):
-            continue
-        traced = _group_op(name, real)
-        setattr(c10d, name, traced)
-        if getattr(dist, name, None) is real:
-            setattr(dist, name, traced)
+    core.replace_c10d(GROUP_OPS, _group_op)
     for cls, method, what, describe in ((C.TCPStore, "__init__", "TCPStore", _tcpstore),
                                         (C.Store, "get", "store.get", _store_key),
                                         (C.Store, "wait", "store.wait", _store_key)):

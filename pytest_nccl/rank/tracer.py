@@ -223,14 +223,7 @@ def install() -> None:
     global _installed, _orig_wait
     if _installed:
         return
-    for name in CONTRIBUTED:
-        fn = getattr(c10d, name, None)
-        if fn is None or getattr(fn, "_pytest_nccl_traced", False):
-            continue
-        traced = _wrap(name, fn)
-        setattr(c10d, name, traced)
-        if getattr(dist, name, None) is fn:
-            setattr(dist, name, traced)
+    core.replace_c10d(CONTRIBUTED, _wrap)
     _orig_wait = dist.Work.wait
     setattr(dist.Work, "wait", _traced_wait)  # noqa: B010  (a method of torch's C++ class)
     from . import trace_functional, trace_groups, trace_rendezvous
