@@ -126,6 +126,8 @@ class Timing:
     dead_rank_drain: float = 0.05  # forked: a rank died before joining: for its exit status to come
     faulthandler_wait: float = 0.2  # forked: SIGUSR1 sent: for faulthandler to write a stuck rank's stacks
     exit_status_wait: float = 1.0  # forked: for the fork server to report a dead rank's exit status
+    exit_status_poll: float = 0.01  # forked: how often the fork server's reports are read meanwhile
+    gpu_lease_poll: float = 0.2  # forked: how often a group waiting for free GPUs tries again
     flight_recorder_wait: float = 0.5  # forked: a Flight Recorder poll, for every rank's answer
     store_poll_max: float = 0.05  # SPMD: slowest store polling interval (starts at 2 ms, doubles)
     journal_push: float = 0.1  # SPMD: how often a running rank appends its journal to the store
@@ -139,6 +141,7 @@ class Timing:
     serve_every: float = 0.02  # watch, several nodes: how often this node's ranks are published
     ask_poll: float = 0.02  # watch, several nodes: how often an asking watch looks for the answer
     job_term_wait: float = 5.0  # watch: between SIGTERM and SIGKILL when the watch ends the job
+    reap_poll: float = 0.05  # watch: ending the job, how often it looks whether its processes are gone
     orphan_kill_after: float = 10.0  # watch: a rank whose watch is gone: for its own handler
     agent_close_wait: float = 5.0  # watch: at a rank's exit, for its agent to finish the answer in progress
 

@@ -12,6 +12,8 @@ import os
 import tempfile
 import time
 
+from ..core.referee import TIMING
+
 
 def visible_devices(device_count: int, environ=os.environ) -> list[str]:
     """The names of this process's CUDA devices 0..count-1 for a child's CUDA_VISIBLE_DEVICES."""
@@ -70,4 +72,4 @@ class GpuLeaser:
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"no {n} free GPUs of {self.device_count} before the bound "
                                    "(other pytest-nccl groups hold them)")
-            time.sleep(0.2)
+            time.sleep(TIMING.gpu_lease_poll)

@@ -281,7 +281,7 @@ class RankGroup:
             self.zygote.drain()
             if all(self.pids.get(r) in self.zygote.exits for r in dead):
                 break
-            time.sleep(0.01)
+            time.sleep(TIMING.exit_status_poll)
         for r in dead:
             status = self.zygote.exits.get(self.pids.get(r, -1))
             if status is not None:

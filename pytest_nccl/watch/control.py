@@ -18,6 +18,8 @@ import signal
 import subprocess
 import time
 
+from ..core.referee import TIMING
+
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -118,7 +120,7 @@ def end(launcher: subprocess.Popen, term_wait: float = 5.0) -> None:
         reap(launcher)
         if launcher.poll() is not None and not descendants():
             return
-        time.sleep(0.05)
+        time.sleep(TIMING.reap_poll)
     kill_all(launcher)
 
 
@@ -132,7 +134,7 @@ def kill_all(launcher: subprocess.Popen) -> None:
         if not left:
             break
         _signal(left, signal.SIGKILL)
-        time.sleep(0.05)
+        time.sleep(TIMING.reap_poll)
         reap(launcher)
     try:
         launcher.wait(timeout=5)
