@@ -10,7 +10,7 @@ theirs, under ``pytest-nccl-watch/<job>/``:
     info/<rank>            the rank's info (its rank-R.json)
     journal/<rank>/count   how many chunks of its journal were published (``add``)
     journal/<rank>/<i>     chunk i: the journal's bytes read in one tick; only the last
-                           ``KEEP_CHUNKS`` are kept (the store lives in the launcher's memory)
+                           ``KEEP_CHUNKS`` are kept (the store lives in the deciding watch's memory)
     exit/<rank>            its exit report (``RankReport`` JSON): its own record, or how the owning
                            watch saw it end (a signal, the stacks faulthandler wrote)
     progress/<rank>        the Flight Recorder's per-group progress, as last asked (JSON)

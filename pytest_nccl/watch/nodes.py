@@ -1,12 +1,13 @@
 """This watch among the watches of the job's other nodes (one ``pytest-nccl watch`` per node, as srun
-or a cluster's scheduler starts them), through the job's own store (``channel.py``).
+or a cluster's scheduler starts them), through the channel store that the deciding watch hosts and
+announces in the job's own store (``channel.py``).
 
 - a relay thread publishes what this watch follows of its node's ranks (their journals, read from
   the start by a reader of its own, exit reports, progress) and answers the questions other watches
   ask of its ranks' agents (stacks, Flight Recorder);
 - every watch judges the whole job from the same data, and all give one verdict: the watch of the
   node of rank 0 decides (``agree`` publishes its finding, and returns once every other watch took
-  it, or ``Timing.agree_wait`` passed: the store lives on that node's launcher); the others take it
+  it, or ``Timing.agree_wait`` passed: the channel ends with that watch); the others take it
   as soon as it is published (``decided_elsewhere``), or give their own when none comes within
   ``Timing.agree_wait`` (rank 0's node is gone).
 """
@@ -89,13 +90,13 @@ class Nodes:
             self.channel.publish_verdict(finding)
             while (time.monotonic() < deadline and not self.channel.lost
                    and self.channel.acknowledged() < self.channel.watches() - 1):
-                time.sleep(0.05)
+                time.sleep(TIMING.ask_poll)
             return finding
         while time.monotonic() < deadline and not self.channel.lost:
             decided = self.decided_elsewhere()
             if decided is not None:
                 return decided
-            time.sleep(0.05)
+            time.sleep(TIMING.ask_poll)
         return finding
 
     def close(self) -> None:
