@@ -92,8 +92,10 @@ class Agent:
 
     def close(self) -> None:
         """At the rank's exit: no more questions, and the one being answered finished first. An answer
-        runs torch's C++ (the Flight Recorder's dump); a process that exits meanwhile aborts in C++'s
-        destructors ("terminate called without an active exception"), which fails a healthy job."""
+        runs torch's C++ (the Flight Recorder's dump) without the GIL; a daemon thread that takes the
+        GIL back in a finalizing interpreter is ended there by ``pthread_exit``, whose unwinding
+        through C++ aborts the process ("terminate called without an active exception"), which
+        fails a healthy job (``trace_core.close`` has the same reason)."""
         try:
             self.sock.close()
             os.unlink(self.path)
