@@ -23,11 +23,10 @@ import sys
 import torch
 
 from ..core.ops import SHAPE_MATCHED_OPS
+from ..core.states import RecordState
 from . import trace_core as core
 from .trace_core import describe, local
 from .trace_sites import site_of
-
-ENTERED, WAITING = "entered", "waiting"
 
 
 class OpSpec:
@@ -175,7 +174,7 @@ def _collective(spec: OpSpec, op):
             result = op(*args, **kwargs)
         finally:
             local.inside = False
-        entry = [label_b, seq, ENTERED]  # shared by a coalesced op's outputs: the first wait completes it
+        entry = [label_b, seq, RecordState.ENTERED]  # shared by a coalesced op's outputs: the first wait completes it
         if type(result) is Tensor:
             trace.functional[_storage(result)] = entry
         else:
@@ -200,7 +199,7 @@ def _wait(op):
         label_b, seq = entry[0], entry[1]
         core.os.write(trace.fd, core.take_pending(trace) +
                       core.W_LINE % (label_b, seq, core.perf_counter_ns() - trace.t0_ns))
-        entry[2] = WAITING
+        entry[2] = RecordState.WAITING
         local.inside = True
         try:
             result = op(*args, **kwargs)
