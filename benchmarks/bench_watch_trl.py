@@ -26,22 +26,11 @@ import sys
 import tempfile
 import time
 
+from pytest_nccl.testing import HF_OFFLINE_ENV
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURES = """
-import json, os, sys
-from pytest_nccl.testing import hf_offline_env, tiny_causal_lm, tiny_tokenizer
-hf_offline_env()
-out = sys.argv[1]
-tok = tiny_tokenizer()
-tiny_causal_lm("llama", tokenizer=tok).save_pretrained(os.path.join(out, "model"))
-tok.save_pretrained(os.path.join(out, "model"))
-os.makedirs(os.path.join(out, "data"))
-with open(os.path.join(out, "data", "train.jsonl"), "w") as f:
-    for i in range(64):
-        f.write(json.dumps({"text": "ab " * (3 + i % 16)}) + "\\n")
-"""
-HF_OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-              "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false"}
+FIXTURES = ("import sys; from pytest_nccl.testing import write_sft_inputs; "
+            "write_sft_inputs(sys.argv[1], [3 + i % 16 for i in range(64)])")
 RUNTIME = re.compile(r"""['"]train_runtime['"]: '?([0-9.]+)""")
 
 
@@ -54,7 +43,7 @@ def free_port() -> int:
 def environment() -> dict:
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "PYTEST_NCCL_WATCH_DIR")}
-    env.update(HF_OFFLINE, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
+    env.update(HF_OFFLINE_ENV, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p))
     return env
 

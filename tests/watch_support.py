@@ -9,7 +9,6 @@ import os
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 import uuid
 from dataclasses import dataclass
@@ -18,29 +17,18 @@ from pathlib import Path
 import pytest
 from conftest import assert_no_leftovers
 
+from pytest_nccl.testing import HF_OFFLINE_ENV as HF_OFFLINE  # noqa: F401 (the jobs' environment)
+
 REPO = Path(__file__).resolve().parents[1]
 JOBS = REPO / "tests" / "watch"
 JOB_TIMEOUT = 120  # one watched job; longer is itself a hang
 DROP_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
             "GROUP_RANK", "ROLE_RANK", "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT",
             "SLURM_PROCID", "SLURM_NTASKS", "PYTEST_NCCL_WATCH_DIR", "PYTEST_NCCL_WATCH_PKG")
-# writes a tiny model (pytest_nccl.testing), its tokenizer and a JSON-lines dataset of rows of 16
-# lengths into argv[1]; run by the interpreter of the release that will read them
-FIXTURES = textwrap.dedent("""
-    import json, os, sys
-    from pytest_nccl.testing import hf_offline_env, tiny_causal_lm, tiny_tokenizer
-    hf_offline_env()
-    out = sys.argv[1]
-    tok = tiny_tokenizer()
-    tiny_causal_lm("llama", tokenizer=tok).save_pretrained(os.path.join(out, "model"))
-    tok.save_pretrained(os.path.join(out, "model"))
-    os.makedirs(os.path.join(out, "data"))
-    with open(os.path.join(out, "data", "train.jsonl"), "w") as f:
-        for i in range(16):  # every row another length: each rank pads its batch to its own
-            f.write(json.dumps({"text": "ab " * (3 + 2 * i)}) + "\\n")
-""")
-HF_OFFLINE = dict(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                  HF_HUB_DISABLE_TELEMETRY="1", TOKENIZERS_PARALLELISM="false")
+# a tiny model and a dataset into argv[1] (``write_sft_inputs``), by the interpreter of the release
+# that will read them; every row another length: each rank pads its batch to its own
+FIXTURES = ("import sys; from pytest_nccl.testing import write_sft_inputs; "
+            "write_sft_inputs(sys.argv[1], [3 + 2 * i for i in range(16)])")
 
 
 @dataclass

@@ -11,7 +11,7 @@ import os
 from .models import tiny_causal_lm, tiny_config
 from .tokenizers import tiny_tokenizer
 
-__all__ = ["tiny_tokenizer", "tiny_causal_lm", "tiny_config", "hf_offline_env"]
+__all__ = ["tiny_tokenizer", "tiny_causal_lm", "tiny_config", "hf_offline_env", "write_sft_inputs"]
 
 # Environment for running Hugging Face libraries with no network and no noise.
 HF_OFFLINE_ENV = {
@@ -39,3 +39,21 @@ def hf_offline_env(environ=None) -> dict:
             environ[key] = value
             done[key] = value
     return done
+
+
+def write_sft_inputs(directory: str, lengths) -> None:
+    """What a real SFT script reads, offline, into ``directory``: a tiny model with its tokenizer
+    (``model/``) and a JSON-lines dataset (``data/train.jsonl``), one row of ``"ab " * n`` for each
+    n in ``lengths``. Run it with the interpreter of the release that will read them (files saved by
+    another transformers may not load)."""
+    import json
+
+    hf_offline_env()
+    tok = tiny_tokenizer()
+    model = os.path.join(directory, "model")
+    tiny_causal_lm("llama", tokenizer=tok).save_pretrained(model)
+    tok.save_pretrained(model)
+    os.makedirs(os.path.join(directory, "data"))
+    with open(os.path.join(directory, "data", "train.jsonl"), "w") as f:
+        for n in lengths:
+            f.write(json.dumps({"text": "ab " * n}) + "\n")
