@@ -201,20 +201,14 @@ def _note_joining(*, rank, world, site: str, what: str) -> str | None:
         import socket
         import time
 
-        def number(value):
-            try:
-                return int(value)
-            except (TypeError, ValueError):
-                return None
-
         env = os.environ
         directory = jobdir.attempt_dir(env[jobdir.ENV_DIR], jobdir.attempt_of(env))
         os.makedirs(directory, exist_ok=True)
         path = jobdir.joining(directory, os.getpid())
         jobdir.write_json(path, {"pid": os.getpid(), "start": jobdir.process_start(os.getpid()),
-                                 "host": socket.gethostname(), "t": time.time(), "rank": number(rank),
-                                 "world": number(world), "site": site, "what": what,
-                                 "local_world": number(env.get("LOCAL_WORLD_SIZE"))})
+                                 "host": socket.gethostname(), "t": time.time(), "rank": jobdir.int_or(rank),
+                                 "world": jobdir.int_or(world), "site": site, "what": what,
+                                 "local_world": jobdir.int_or(env.get("LOCAL_WORLD_SIZE"))})
         return path
     except Exception:
         return None

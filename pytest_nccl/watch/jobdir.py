@@ -44,16 +44,14 @@ def int_or(value, default=None):
         return default
 
 
-_int = int_or
-
 
 def attempt_of(env) -> int:
     """The launcher's attempt this process belongs to (torchrun counts restarts; others: 0)."""
-    return max(0, _int(env.get(ENV_RESTART), 0))
+    return max(0, int_or(env.get(ENV_RESTART), 0))
 
 
 def max_restarts_of(env) -> int:
-    return max(0, _int(env.get(ENV_MAX_RESTARTS), 0))
+    return max(0, int_or(env.get(ENV_MAX_RESTARTS), 0))
 
 
 def attempt_dir(directory: str, attempt: int) -> str:
@@ -69,7 +67,7 @@ def attempts(directory: str) -> list[int]:
         return found
     for name in names:
         if name.startswith("restart-"):
-            n = _int(name[8:])
+            n = int_or(name[8:])
             if n:
                 found.append(n)
     return sorted(found)
