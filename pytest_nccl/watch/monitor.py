@@ -79,8 +79,7 @@ class Monitor:
         self.ranks: dict[int, Followed] = {}
         self.world = 0
         self.connect = connect
-        self.other_nodes = False            # ranks run on other nodes too (LOCAL_WORLD_SIZE < WORLD_SIZE)
-        self.node_count = 1
+        self.node_count = 1                 # nodes the job's ranks run on (LOCAL_WORLD_SIZE < WORLD_SIZE: more)
         self.nodes: Nodes | None = None      # the other nodes' watches, when the channel is up
         self.referee: Referee | None = None
         self.t0 = 0.0
@@ -94,6 +93,11 @@ class Monitor:
         self._poller.start()
 
     # -- one tick ------------------------------------------------------------------------------------
+    @property
+    def other_nodes(self) -> bool:
+        """Ranks run on other nodes too."""
+        return self.node_count > 1
+
     def poll(self, now: float) -> Reason | None:
         if now >= self._next_scan and (self.referee is None or len(self.ranks) < self.world):
             self._next_scan = now + TIMING.scan_every
@@ -161,7 +165,6 @@ class Monitor:
         self.t0 = now
         self.referee = Referee(self.world, self.timeout, now, trace=True, rolling=True)
         local_world = jobdir.int_or(info.get("local_world"), self.world) or self.world
-        self.other_nodes = local_world < self.world
         self.node_count = -(-self.world // local_world)
         if self.other_nodes:  # reached in the background: the store may be slow to answer, or gone
             self._connecting.set()
