@@ -348,7 +348,7 @@ class Watch:
             say(head)
         else:
             if title is None:
-                title = {"timeout": "stalled", "decided": "diagnosed"}.get(finding.reason, finding.reason)
+                title = {Reason.TIMEOUT: "stalled", Reason.DECIDED: "diagnosed"}.get(finding.reason, finding.reason)
                 title = f"{title} ({finding.diagnosis.kind})"
             say(f"\n{'=' * 20} {PROG}: {title} {'=' * 20}")
             say(present.report_text(finding, timeout))
