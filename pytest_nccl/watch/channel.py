@@ -76,16 +76,16 @@ class Channel:
     def _set(self, key: str, value: bytes | str) -> None:
         self._call(self.store.set, key, value)
 
+    def _add(self, name: str, n: int) -> int:
+        """The counter ``name`` of the job, raised by ``n`` (0: read)."""
+        return self._call(self.store.add, self._k(name), n, default=0)
+
     # -- ranks --------------------------------------------------------------------------------------
     def publish_info(self, rank: int, info: dict) -> None:
         self._set(self._k("info", rank), json.dumps(info))
 
     def info(self, rank: int) -> dict | None:
-        raw = self._get(self._k("info", rank))
-        try:
-            return json.loads(raw) if raw else None
-        except ValueError:
-            return None
+        return _decoded(self._get(self._k("info", rank)))
 
     # -- journals -------------------------------------------------------------------------------------
     def push(self, rank: int, data: bytes) -> None:
@@ -130,12 +130,7 @@ class Channel:
         self._set(self._k("progress", rank), json.dumps(progress))
 
     def progress(self, rank: int):
-        raw = self._get(self._k("progress", rank))
-        try:
-            value = json.loads(raw) if raw else None
-        except ValueError:
-            return None
-        return _tuples(value)
+        return _tuples(_decoded(self._get(self._k("progress", rank))))
 
     # -- questions for a rank's agent, relayed by the watch that owns the rank ----------------------------
     def ask(self, rank: int, request: str, timeout: float) -> dict | None:
@@ -148,10 +143,7 @@ class Channel:
         while time.monotonic() < deadline and not self.lost:
             raw = self._get(self._k("answer", rank, n - 1))
             if raw is not None:
-                try:
-                    return json.loads(raw) if raw != b"null" else None
-                except ValueError:
-                    return None
+                return _decoded(raw)
             time.sleep(TIMING.ask_poll)
         return None
 
@@ -175,24 +167,24 @@ class Channel:
     # -- the watches, and the verdict ---------------------------------------------------------------------
     def join(self) -> None:
         """One more watch follows the job (the deciding one waits for each to have its verdict)."""
-        self._call(self.store.add, self._k("watches"), 1)
+        self._add("watches", 1)
 
     def watches(self) -> int:
-        return self._call(self.store.add, self._k("watches"), 0, default=0)
+        return self._add("watches", 0)
 
     def synced(self) -> None:
         """This watch has published everything its node's ranks wrote before it joined."""
-        self._call(self.store.add, self._k("synced"), 1)
+        self._add("synced", 1)
 
     def synced_watches(self) -> int:
-        return self._call(self.store.add, self._k("synced"), 0, default=0)
+        return self._add("synced", 0)
 
     def acknowledge(self) -> None:
-        """This watch has the verdict: the deciding watch may end its node's job (and the store)."""
-        self._call(self.store.add, self._k("verdict-taken"), 1)
+        """This watch has the verdict: the deciding watch may exit, and the channel with it."""
+        self._add("verdict-taken", 1)
 
     def acknowledged(self) -> int:
-        return self._call(self.store.add, self._k("verdict-taken"), 0, default=0)
+        return self._add("verdict-taken", 0)
 
     def publish_verdict(self, finding) -> None:
         self._set(self._k("verdict"), pickle.dumps(finding))
@@ -203,6 +195,14 @@ class Channel:
             return pickle.loads(raw) if raw else None
         except Exception:
             return None
+
+
+def _decoded(raw: bytes | None):
+    """A published JSON value; None when nothing (or nothing readable) was published."""
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return None
 
 
 def _tuples(value):
