@@ -9,7 +9,6 @@ Controller side, no torch import at module level: every parser turns bad input i
 
 from __future__ import annotations
 
-import re
 import sys
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Literal
@@ -150,15 +149,10 @@ MARKER = (f"nccl({', '.join(f'{name}=None' for name in MARKER_ARGS)}): run the t
           "torch.distributed group of `world` processes (NCCL on GPUs, else gloo), bounded in time")
 
 
-def _pytest_version() -> tuple[int, int]:
-    m = re.match(r"(\d+)\.(\d+)", pytest.__version__)
-    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
-
-
 def ini_type(declared: IniType, pytest_version: tuple[int, int] | None = None) -> IniType:
     """The ini type to declare: ``int`` and ``float`` exist from pytest 8.4 on (with them pytest 9's
     ``[tool.pytest]`` takes TOML numbers); older pytest reads them as strings, which we parse."""
-    version = _pytest_version() if pytest_version is None else pytest_version
+    version = tuple(pytest.version_tuple[:2]) if pytest_version is None else pytest_version
     if declared in ("int", "float") and version < (8, 4):
         return "string"
     return declared
