@@ -48,7 +48,3 @@ class Heartbeat:
             done.set()
             thread.join()
 
-
-@contextlib.contextmanager
-def nothing(what: str) -> Iterator[None]:
-    yield

@@ -6,12 +6,13 @@ the cache reuse and the progress lines are tested without installing anything.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ContextManager, Mapping, Protocol, Sequence
 
-from . import heartbeat, tomlcompat
+from . import tomlcompat
 from .envs import EnvCache, EnvRequest, EnvResult
 from .runner import RunOutcome, run_pytest
 from .search import Probe, Verdict
@@ -74,7 +75,7 @@ class ReleaseProber:
                  reporter: Reporter | None = None,
                  run: Callable[..., RunOutcome] = run_pytest,
                  roles: Mapping[str, str] | None = None,
-                 step: Callable[[str], ContextManager[None]] = heartbeat.nothing):
+                 step: Callable[[str], ContextManager[object]] = contextlib.nullcontext):
         self.cache = cache
         self.step = step  # a heartbeat while each long step runs
         self.releases = dict(releases)
