@@ -86,35 +86,34 @@ def in_rendezvous(view: RankView) -> bool:
     return rec is not None and rec.op in RENDEZVOUS_WAITS
 
 
-FULL, NO_FUNCTION, NO_SOURCE = 2, 1, 0  # how much of a rank's place a headline quotes, longest first
+FULL, NO_FUNCTION = 2, 1  # how much of a rank's place a headline quotes, longest first
 
 
-def running_state(view: RankView, views: dict | None = None, quote: int = FULL) -> str:
-    """Where a running rank outside any collective is: its wait, else its stack's innermost user
-    frame and that line's source (NO_FUNCTION: without the function's name, NO_SOURCE: without
-    the source, for a headline that would be too long); '' when neither is known."""
-    text = outside_text(view, views)
-    if text:
-        return text
+def _place(view: RankView, quote: int = FULL) -> str:
+    """The innermost user frame of the rank's stack and that line's source, cut to SOURCE_WIDTH
+    ('x.py:12 (in f): time.sleep(60)'; NO_FUNCTION: without the function's name); '' unknown."""
     top = stack_top(view.stack)
     if not top:
         return ""
     if quote == NO_FUNCTION:
         top = top.split(" (in ", 1)[0]
-    source = stack_source(view.stack) if quote != NO_SOURCE else ""
+    source = stack_source(view.stack)
     if len(source) > SOURCE_WIDTH:
         source = source[:SOURCE_WIDTH - 3] + "..."
-    return f"is busy outside any collective at {top}" + (f": {source}" if source else "")
+    return top + (f": {source}" if source else "")
+
+
+def running_state(view: RankView, views: dict | None = None, quote: int = FULL) -> str:
+    """Where a running rank outside any collective is: its wait, else its stack's innermost user
+    frame and that line's source (``_place``); '' when neither is known."""
+    text = outside_text(view, views)
+    if text:
+        return text
+    place = _place(view, quote)
+    return f"is busy outside any collective at {place}" if place else ""
 
 
 def busy_at(view: RankView, views: dict | None = None) -> str:
     """The short form of the slow-rank and timeout headlines: 'at x.py:12 (in f): time.sleep(60)',
     or the rank's wait outside any collective."""
-    text = outside_text(view, views)
-    if text:
-        return text
-    top = stack_top(view.stack)
-    source = stack_source(view.stack) if top else ""
-    if len(source) > SOURCE_WIDTH:
-        source = source[:SOURCE_WIDTH - 3] + "..."
-    return "at " + (top or "unknown") + (f": {source}" if source else "")
+    return outside_text(view, views) or "at " + (_place(view) or "unknown")
