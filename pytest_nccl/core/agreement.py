@@ -23,11 +23,17 @@ class Digest(NamedTuple):
     splits: tuple = ()
 
 
-def signature_text(op: str, shapes: str, dtype: str, reduce_op: str = "", root: int | None = None) -> str:
-    """The text a digest folds for one collective: what every member must agree on. The tracer
-    writes the same text on its hot path (``rank/tracer.py``; a test holds the two equal)."""
-    args = " ".join(([f"red={reduce_op}"] if reduce_op else []) + ([f"root={root}"] if root is not None else []))
+def signature(op: str, shapes: str, dtype: str, args: str) -> str:
+    """The text a digest folds for one collective: what every member must agree on (``args``: the
+    journal's <args>, "red=SUM" or "root=3"). The tracer builds it with this function for every
+    collective it journals; ``signature_text`` from a journal's record (a test holds the two equal)."""
     return f"{op} {shapes} {dtype} {args}" if op in SHAPE_MATCHED_OPS else f"{op} {args}"
+
+
+def signature_text(op: str, shapes: str, dtype: str, reduce_op: str = "", root: int | None = None) -> str:
+    """``signature`` of a record's fields."""
+    args = " ".join(([f"red={reduce_op}"] if reduce_op else []) + ([f"root={root}"] if root is not None else []))
+    return signature(op, shapes, dtype, args)
 
 
 def fold(crc: int, text: str) -> int:

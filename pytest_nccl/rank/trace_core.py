@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from ..core.agreement import signature
 from ..core.groups import rank_ranges
 from ..core.journal import JournalWriter
 
@@ -325,36 +326,36 @@ def describe(value) -> tuple[str, str]:
     return "", ""
 
 
-_signatures: dict = {}  # the text every member must agree on -> its bytes
+def call_fields(g: GroupTrace, op: str, shapes: str, dtype: str, extra: str, agreed: bool) -> tuple:
+    """(b"shapes\\tdtype", b"<args> g=name", the signature's bytes or None, <args>) of one call of
+    ``op`` in group ``g``: what its E line says besides its position, and what goes into the digest
+    (``agreed``: every member must agree on it; not transfers nor split-checked ops)."""
+    data = signature(op, shapes, dtype, extra).encode() if agreed else None
+    with_group = f"{extra} {g.g_arg}" if extra and g.g_arg else extra or g.g_arg
+    return f"{shapes}\t{dtype}".encode(), with_group.encode(), data, extra
 
 
-def enter(trace: CallTrace, g: GroupTrace, name: str, async_op: bool, shapes: str, dtype: str, extra: str,
-          signature: str | None, p2p: bool, site: str) -> tuple[str, int]:
+def enter(trace: CallTrace, g: GroupTrace, name: str, async_op: bool, fields: tuple, p2p: bool,
+          site: str) -> tuple[str, int]:
     """Journal that this rank enters collective ``name`` of group ``g``: one write, before entering,
-    what survives a SIGABRT inside it. ``signature``: what every member must agree on (folded into
-    the group's digest; None for transfers and split-checked ops). Returns (label, seq)."""
+    what survives a SIGABRT inside it. ``fields``: the call's ``call_fields`` (its signature is
+    folded into the group's digest). Returns (label, seq)."""
+    described, extra, agreed, _ = fields
     if p2p:
         g.p2p_seq += 1
         label, seq = g.p2p_label, g.p2p_seq
     else:
         g.seq += 1
         label, seq = g.label, g.seq
-        if signature is not None:
-            data = _signatures.get(signature)
-            if data is None:
-                data = signature.encode()
-                if len(_signatures) < 10_000:
-                    _signatures[signature] = data
-            g.digest = zlib.crc32(data, g.digest)
-    if g.g_arg:
-        extra = f"{extra} {g.g_arg}" if extra else g.g_arg
+        if agreed is not None:
+            g.digest = zlib.crc32(agreed, g.digest)
     try:
-        fr_seq = g.pg._get_sequence_number_for_group() + 1
+        fr_seq = g.fr_seq() + 1 if g.fr_seq is not None else ""
     except Exception:
         fr_seq = ""
     line = (f"E\t{label}\t{seq}\t{name}\t{1 if async_op else 0}\t{perf_counter_ns() - trace.t0_ns}e-9\t"
-            f"{shapes}\t{dtype}\t{fr_seq}\t{site}\t{extra}\n")
-    os.write(trace.fd, take_pending(trace) + line.encode())
+            .encode() + described + f"\t{fr_seq}\t{site}\t".encode() + extra + b"\n")
+    os.write(trace.fd, take_pending(trace) + line)
     return label, seq
 
 

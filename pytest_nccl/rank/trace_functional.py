@@ -22,7 +22,6 @@ import sys
 
 import torch
 
-from ..core.ops import SHAPE_MATCHED_OPS
 from ..core.states import RecordState
 from . import trace_core as core
 from .trace_core import describe, local
@@ -33,13 +32,12 @@ class OpSpec:
     """How to read one functional op's arguments: its name in the journal (c10d's name for the same
     collective, so the two compare as one), where its tensors, group and other arguments are."""
 
-    __slots__ = ("record", "tensors", "group", "reduce", "root", "splits", "p2p", "shape_matched")
+    __slots__ = ("record", "tensors", "group", "reduce", "root", "splits", "p2p")
 
     def __init__(self, record: str, group: int, tensors: int = 0, reduce: int = -1, root: int = -1,
                  splits: tuple = (), p2p: str = ""):
         self.record, self.group, self.tensors, self.reduce, self.root = record, group, tensors, reduce, root
         self.splits, self.p2p = splits, p2p
-        self.shape_matched = record in SHAPE_MATCHED_OPS
 
 
 # op name -> how to read it (positions in the op's schema; in-place and out= variants are the same
@@ -111,11 +109,8 @@ def _storage(tensor):
 def _describe_call(spec: OpSpec, g: core.GroupTrace, tensors, args) -> tuple:
     """(b"shapes\\tdtype", b"<args> g=name", digest bytes or None, <args>) of one call."""
     shapes, dtype = describe(tensors)
-    extra = _extra(spec, args, g, tensors)
-    data = None if spec.p2p or spec.splits else (
-        f"{spec.record} {shapes} {dtype} {extra}" if spec.shape_matched else f"{spec.record} {extra}").encode()
-    with_group = f"{extra} {g.g_arg}" if extra and g.g_arg else extra or g.g_arg
-    return f"{shapes}\t{dtype}".encode(), with_group.encode(), data, extra
+    return core.call_fields(g, spec.record, shapes, dtype, _extra(spec, args, g, tensors),
+                            agreed=not (spec.p2p or spec.splits))
 
 
 def _collective(spec: OpSpec, op):

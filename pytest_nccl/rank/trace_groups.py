@@ -22,7 +22,6 @@ from types import FrameType
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from ..core.ops import SHAPE_MATCHED_OPS
 from ..core.sites import is_ours
 from . import trace_core as core
 from .trace_core import describe, local
@@ -112,7 +111,6 @@ CLASSES = ("ProcessGroup", "Backend")
 
 
 def _method(method: str, real, record: str, contributed: int, arguments, p2p: bool):
-    shape_matched = record in SHAPE_MATCHED_OPS
 
     def traced(self, *args, **kwargs):
         trace = core.active
@@ -125,10 +123,8 @@ def _method(method: str, real, record: str, contributed: int, arguments, p2p: bo
         except Exception:  # the method will say what is wrong with its arguments
             return real(self, *args, **kwargs)
         split = record == "all_to_all_single"
-        signature = None if p2p or split else (
-            f"{record} {shapes} {dtype} {extra}" if shape_matched else f"{record} {extra}")
-        label, seq = core.enter(trace, g, record, True, shapes, dtype, extra, signature, p2p,
-                                call_site(sys._getframe(1)))
+        fields = core.call_fields(g, record, shapes, dtype, extra, agreed=not (p2p or split))
+        label, seq = core.enter(trace, g, record, True, fields, p2p, call_site(sys._getframe(1)))
         if split:
             if g.splits is None:
                 g.splits = []

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from ..core.ops import P2P_OPS, SHAPE_MATCHED_OPS, SPLIT_OPS
+from ..core.ops import P2P_OPS, SPLIT_OPS
 from . import trace_core as core
 from . import trace_sites
 from .trace_args import ALWAYS_ASYNC, COMPOSITE, CONTRIBUTED, _arguments, _memo_params
@@ -152,7 +152,7 @@ def _wrap(name: str, fn):
              f"(g, {', '.join(raw)})") if raw else
             ("(g, value.shape, value.dtype)" if tensor_name in names else "(g,)"),
         pos=", ".join(positional) + ("," if len(positional) == 1 else ""), kw=", ".join(f"'{k}': {k}" for k in keyword))
-    split, p2p, shape_matched = name in SPLIT_OPS, name in P2P_OPS, name in SHAPE_MATCHED_OPS
+    split, p2p = name in SPLIT_OPS, name in P2P_OPS
     arguments = _arguments(name, positional + keyword)
 
     def describe_call(g, value, args, kwargs, group):
@@ -164,11 +164,7 @@ def _wrap(name: str, fn):
                 extra = arguments(args, kwargs, group)
             except Exception:  # the op itself will say what is wrong with its arguments
                 extra = ""
-        data = None
-        if not p2p and not split:  # what every member must agree on (journal.py's signature)
-            data = (f"{name} {shapes} {dtype} {extra}" if shape_matched else f"{name} {extra}").encode()
-        with_group = f"{extra} {g.g_arg}" if extra and g.g_arg else extra or g.g_arg
-        return f"{shapes}\t{dtype}".encode(), with_group.encode(), data, extra
+        return core.call_fields(g, name, shapes, dtype, extra, agreed=not p2p and not split)
 
     namespace = {
         "core": core, "local": local, "fn": fn, "Tensor": torch.Tensor, "memo": {}, "keyed": keyed is not None,
