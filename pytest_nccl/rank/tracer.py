@@ -179,20 +179,20 @@ def _wrap(name: str, fn):
                                 and p.default is not inspect.Parameter.empty) or None
     traced.__kwdefaults__ = {p.name: p.default for p in params if p.kind == inspect.Parameter.KEYWORD_ONLY
                              and p.default is not inspect.Parameter.empty} or None
-    traced.__wrapped__ = fn
     traced.__qualname__ = getattr(fn, "__qualname__", name)
     traced.__doc__ = fn.__doc__
-    traced._pytest_nccl_traced = True
+    core.mark_traced(traced, fn)
     return traced
 
 
 # names the generated body uses for itself: a parameter with one of them cannot be traced this way
-_RESERVED = frozenset({"trace", "group", "g", "async_op_", "value", "found", "key", "described", "extra", "data",
+# (``group`` is not one: the body reads the function's own ``group`` parameter)
+_RESERVED = frozenset({"trace", "g", "async_op_", "value", "found", "key", "described", "extra", "data",
                        "plain", "seq", "label", "e_line", "c_start", "fr_seq", "now", "frame", "site", "line",
                        "pending",
                        "result", "core", "local", "fn", "Tensor", "memo", "keyed", "describe_call", "p2p", "crc32",
                        "perf_counter_ns", "site_of", "getframe", "E_LINE", "E_LINE_NO_FR", "mid_sync", "mid_async",
-                       "write", "c_line", "pend", "composite"}) - {"group"}
+                       "write", "c_line", "pend", "composite"})
 
 
 _installed = False
