@@ -34,7 +34,7 @@ class GroupTrace:
     member must agree on."""
 
     __slots__ = ("label", "p2p_label", "name", "pg", "seq", "p2p_seq", "digest", "splits", "e_line", "c_line",
-                 "p2p_e_line", "p2p_c_line", "g_arg", "fr_seq", "label_b")
+                 "p2p_e_line", "p2p_c_line", "g_arg", "fr_seq", "label_b", "p2p_label_b")
 
     def __init__(self, label: str, name: str, pg):
         self.label, self.p2p_label, self.name, self.pg = label, label + ":p2p", name, pg
@@ -44,7 +44,7 @@ class GroupTrace:
         self.e_line, self.c_line = f"E\t{label}\t".encode(), f"C\t{label}\t".encode()
         self.p2p_e_line, self.p2p_c_line = f"E\t{self.p2p_label}\t".encode(), f"C\t{self.p2p_label}\t".encode()
         self.g_arg = f"g={name}" if name else ""
-        self.label_b = label.encode()
+        self.label_b, self.p2p_label_b = label.encode(), self.p2p_label.encode()
         # the group's own sequence number (the Flight Recorder's collective_seq_id), bound once
         self.fr_seq: Callable[[], int] | None = getattr(pg, "_get_sequence_number_for_group", None)
 

@@ -145,10 +145,10 @@ def _collective(spec: OpSpec, op):
         described, extra, data, plain = found
         if p2p:
             g.p2p_seq = seq = g.p2p_seq + 1
-            e_line, label_b = g.p2p_e_line, g.p2p_label.encode()
+            e_line, c_line, label_b = g.p2p_e_line, g.p2p_c_line, g.p2p_label_b
         else:
             g.seq = seq = g.seq + 1
-            e_line, label_b = g.e_line, g.label_b
+            e_line, c_line, label_b = g.e_line, g.c_line, g.label_b
             if data is not None:
                 g.digest = core.zlib.crc32(data, g.digest)
             else:  # split sizes: consistency across ranks, not equality
@@ -169,7 +169,8 @@ def _collective(spec: OpSpec, op):
             result = op(*args, **kwargs)
         finally:
             local.inside = False
-        entry = [label_b, seq, RecordState.ENTERED]  # shared by a coalesced op's outputs: the first wait completes it
+        # shared by a coalesced op's outputs: the first wait completes it
+        entry = [label_b, seq, RecordState.ENTERED, c_line]
         if type(result) is Tensor:
             trace.functional[_storage(result)] = entry
         else:
@@ -201,7 +202,7 @@ def _wait(op):
         finally:
             local.inside = False
         # written with the next line, or by the flusher thread (trace_core.FLUSH_EVERY)
-        trace.pending = core.C_LINE % (b"C\t" + label_b + b"\t", seq, core.perf_counter_ns() - trace.t0_ns)
+        trace.pending = core.C_LINE % (entry[3], seq, core.perf_counter_ns() - trace.t0_ns)
         entry[2] = None
         return result
     return __call__
@@ -217,9 +218,6 @@ class TracedOp:
 
     def __init__(self, op):
         self.op = op
-
-    def __call__(self, *args, **kwargs):
-        return self.op(*args, **kwargs)
 
     def __hash__(self):
         return hash(self.op)
