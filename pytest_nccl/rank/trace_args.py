@@ -83,6 +83,23 @@ def _even(tensor, group) -> str:
         return ""
 
 
+def global_text(pg, group_rank) -> str:
+    """A rank of group ``pg`` as the journal writes roots and peers: its GLOBAL rank (else as given)."""
+    try:
+        return str(c10d.get_global_rank(pg, int(group_rank)))
+    except Exception:
+        return str(group_rank)
+
+
+def split_text(sent, expected, tensor, n: int) -> str:
+    """The journal's ``split=<sent>/<expected>`` of an all_to_all_single given as a tensor and its
+    split sizes; empty sizes: dim 0 of ``tensor`` in ``n`` equal parts."""
+    rows = tensor.shape[0] if tensor.dim() else 1
+    even = ",".join([str(rows // n)] * n)
+    return (f"split={','.join(map(str, sent)) if len(sent) else even}/"
+            f"{','.join(map(str, expected)) if len(expected) else even}")
+
+
 def _arguments(name: str, params: list):
     """For op ``name``: a function (args, kwargs, group) -> the journal's <args> text without the
     group (see journal.py), or None when the op has none. Positions come from the real signature."""

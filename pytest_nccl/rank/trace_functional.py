@@ -24,6 +24,7 @@ import torch
 
 from ..core.states import RecordState
 from . import trace_core as core
+from .trace_args import global_text, split_text
 from .trace_core import describe, local
 from .trace_sites import site_of
 
@@ -74,18 +75,10 @@ def _extra(spec: OpSpec, args, g: core.GroupTrace, tensors) -> str:
     """The journal's <args> (journal.py): what every member must agree on besides op and shapes."""
     if spec.reduce >= 0:
         return "red=" + str(args[spec.reduce]).upper()  # "sum" -> "SUM", c10d's ReduceOp name
-    if spec.root >= 0:
-        try:  # the functional op takes the root as a rank of the group; the journal's is GLOBAL
-            return f"root={torch.distributed.get_global_rank(g.pg, args[spec.root])}"
-        except Exception:
-            return f"root={args[spec.root]}"
+    if spec.root >= 0:  # the functional op takes the root as a rank of the group; the journal's is GLOBAL
+        return f"root={global_text(g.pg, args[spec.root])}"
     if spec.splits:
-        sent, expected = args[spec.splits[0]], args[spec.splits[1]]
-        n = g.pg.size()
-        rows = tensors.shape[0] if tensors.dim() else 1
-        even = ",".join([str(rows // n)] * n)
-        return (f"split={','.join(map(str, sent)) if len(sent) else even}/"
-                f"{','.join(map(str, expected)) if len(expected) else even}")
+        return split_text(args[spec.splits[0]], args[spec.splits[1]], tensors, g.pg.size())
     if spec.p2p == "batch":
         kinds, peers, tags = args[0], args[1], args[2]
         return "p2p=" + ",".join(f"{'s' if k == 'isend' else 'r'}{p}:{t}"

@@ -19,11 +19,11 @@ import sys
 import weakref
 from types import FrameType
 
-import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from ..core.sites import is_ours
 from . import trace_core as core
+from .trace_args import global_text, split_text
 from .trace_core import describe, local
 from .trace_sites import _TORCH_DIR, call_site
 
@@ -45,17 +45,10 @@ def _red(value) -> str:
     return getattr(name, "name", name)  # ReduceOp wraps a RedOpType
 
 
-def _global(g: core.GroupTrace, group_rank) -> str:
-    try:
-        return str(dist.get_global_rank(g.pg, int(group_rank)))
-    except Exception:
-        return str(group_rank)
-
-
 def _root(arg: int):
     def read(args, g):
         value = args[arg] if len(args) > arg else None
-        return f"root={_global(g, _opt(value, 'rootRank'))}" if value is not None else ""
+        return f"root={global_text(g.pg, _opt(value, 'rootRank'))}" if value is not None else ""
     return read
 
 
@@ -65,19 +58,15 @@ def _reduce(arg: int):
 
 def _transfer(kind: str):
     def read(args, g):
-        peer = "*" if kind == "r*" else _global(g, args[1])
+        peer = "*" if kind == "r*" else global_text(g.pg, args[1])
         tag = args[-1] if len(args) > (1 if kind == "r*" else 2) else 0
         return f"p2p={kind[0]}{peer}:{tag}"
     return read
 
 
 def _splits(args, g):
-    n = g.pg.size()
     out_splits, in_splits = (args[2], args[3]) if len(args) > 3 else ([], [])
-    rows = args[1].shape[0] if args[1].dim() else 1
-    even = ",".join([str(rows // n)] * n)
-    return (f"split={','.join(map(str, in_splits)) if len(in_splits) else even}/"
-            f"{','.join(map(str, out_splits)) if len(out_splits) else even}")
+    return split_text(in_splits, out_splits, args[1], g.pg.size())
 
 
 # method -> (the c10d function's name for the same collective, the argument this rank contributes,
