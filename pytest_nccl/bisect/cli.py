@@ -24,9 +24,10 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import os
+import signal
 import sys
 from pathlib import Path
-from typing import Sequence, TextIO
+from typing import Callable, Sequence, TextIO
 
 from packaging.version import InvalidVersion, Version
 
@@ -250,22 +251,41 @@ def _make_cache(ns, out: TextIO,
     return envs_mod.EnvCache(root, builder, base), builder.name, tooling, lifted, constraints
 
 
-def main(argv: Sequence[str] | None = None, out: TextIO | None = None, prog: str = PROG) -> int:
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None, prog: str = PROG, *,
+         parse: Callable | None = None, command: Callable | None = None) -> int:
+    """The command line of ``bisect`` (or of the command whose ``parse`` and ``command`` are given):
+    a usage error as exit 2."""
     try:
-        ns = parse_args(list(sys.argv[1:] if argv is None else argv), prog)
+        ns = (parse or parse_args)(list(sys.argv[1:] if argv is None else argv), prog)
     except SystemExit as e:
         return int(e.code) if isinstance(e.code, int) else EXIT_USAGE
-    return run_command(ns, out)
+    return (command or run_command)(ns, out)
 
 
 def run_command(ns, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """A parsed command, with Ctrl-C as exit 130."""
+    return interruptible(run, ns, out, err)
+
+
+def interruptible(run_parsed: Callable, ns, out: TextIO | None, err: TextIO | None,
+                  sigterm: bool = False) -> int:
+    """``run_parsed(ns, out, err=err)`` with Ctrl-C (and, with ``sigterm``, a SIGTERM: the ``kill``
+    of a long run) as exit 130: what ran is kept, the running pytest's process group is killed
+    (``runner.run_pytest``)."""
     out = out or sys.stdout
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt) if sigterm else None
     try:
-        return run(ns, out, err=err)
+        return run_parsed(ns, out, err=err)
     except KeyboardInterrupt:
         (err or sys.stderr).write("\ninterrupted\n")
         return EXIT_INTERRUPTED
+    finally:
+        if sigterm:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def run(ns, out: TextIO, *, err: TextIO | None = None, index=None, make_cache=None, run_tests=None,

@@ -239,30 +239,14 @@ class Progress:
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None, prog: str = PROG) -> int:
-    try:
-        ns = parse_args(list(sys.argv[1:] if argv is None else argv), prog)
-    except SystemExit as e:
-        return int(e.code) if isinstance(e.code, int) else EXIT_USAGE
-    return run_command(ns, out)
+    return bisect_cli.main(argv, out, prog, parse=parse_args, command=run_command)
 
 
 def run_command(ns, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """A parsed command; Ctrl-C and SIGTERM as exit 130."""
-    out = out or sys.stdout
-    # `kill` of a long matrix ends it as Ctrl-C does: what ran is saved, the running pytest's
-    # process group is killed (run_pytest), and the run it was in is not recorded
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        return run(ns, out, err=err)
-    except KeyboardInterrupt:  # before the runs (listing releases, making the cache)
-        (err or sys.stderr).write("\ninterrupted\n")
-        return EXIT_INTERRUPTED
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
+    """A parsed command; Ctrl-C and SIGTERM as exit 130: ``kill`` of a long matrix ends it as
+    Ctrl-C does, what ran is saved and the run it was in is not recorded (``run`` catches the
+    interrupt during the runs; this, before them: listing releases, making the cache)."""
+    return bisect_cli.interruptible(run, ns, out, err, sigterm=True)
 
 
 def _now() -> _dt.datetime:
