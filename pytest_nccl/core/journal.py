@@ -140,6 +140,30 @@ def _mark(rec: CollectiveRecord, kind: str, t: float, index: int) -> None:
     rec.state = state
 
 
+def _read_line(line: str, rank: int, by_key: dict, with_args: bool = True) -> CollectiveRecord | None:
+    """One journal line: the record it enters (E, O lines; ``by_key`` learns it), else None once
+    applied to the record it names (U, R, W, C lines). A line that cannot be read is skipped."""
+    fields = line.split("\t")
+    kind = fields[0]
+    try:
+        if kind in ("E", "O") and len(fields) >= 10:
+            entered = _entered(fields, rank, with_args=with_args)
+            by_key[(entered.pg, entered.seq)] = entered
+            return entered
+        rec = by_key.get((fields[1], int(fields[2]))) if len(fields) >= 4 else None
+        if rec is None:
+            return None
+        if kind == "U":
+            _apply_detail(rec, fields[3])
+        elif kind == "R":
+            rec.fr_seq_end = int(fields[3])
+        elif kind in ("W", "C"):
+            _mark(rec, kind, float(fields[3]), int(fields[4]) if len(fields) > 4 and fields[4] else -1)
+    except ValueError:
+        pass
+    return None
+
+
 def parse_journal(text: str, rank: int) -> list[CollectiveRecord]:
     """Records in the order the rank entered them. A torn last line (the rank died mid-write) is
     dropped; an unknown line is ignored rather than failing the report."""
@@ -149,26 +173,9 @@ def parse_journal(text: str, rank: int) -> list[CollectiveRecord]:
     if lines and not text.endswith("\n"):
         lines.pop()  # torn: the rank died (or is) mid-write
     for line in lines:
-        fields = line.split("\t")
-        kind = fields[0]
-        try:
-            if kind in ("E", "O") and len(fields) >= 10:
-                entered = _entered(fields, rank)
-                records.append(entered)
-                by_key[(entered.pg, entered.seq)] = entered
-                continue
-            rec = by_key.get((fields[1], int(fields[2]))) if len(fields) >= 4 else None
-            if rec is None:
-                continue
-            if kind == "U":
-                _apply_detail(rec, fields[3])
-            elif kind == "R":
-                rec.fr_seq_end = int(fields[3])
-            elif kind in ("W", "C"):
-                index = int(fields[4]) if len(fields) > 4 and fields[4] else -1
-                _mark(rec, kind, float(fields[3]), index)
-        except ValueError:
-            continue
+        entered = _read_line(line, rank, by_key)
+        if entered is not None:
+            records.append(entered)
     return records
 
 
@@ -197,30 +204,9 @@ class JournalTail:
         self._rest = data[cut:]
         new: list[CollectiveRecord] = []
         for line in data[:cut].decode("utf-8", errors="replace").split("\n"):
-            fields = line.split("\t")
-            kind = fields[0]
-            try:
-                if kind in ("E", "O") and len(fields) >= 10:
-                    entered = _entered(fields, self.rank, with_args=False)
-                    new.append(entered)
-                    self.by_key[(entered.pg, entered.seq)] = entered
-                    continue
-                rec = self.by_key.get((fields[1], int(fields[2]))) if len(fields) >= 4 else None
-                if rec is None:
-                    continue
-                if kind == "U":
-                    _apply_detail(rec, fields[3])
-                elif kind in ("W", "C", "R"):
-                    if kind == "R":
-                        rec.fr_seq_end = int(fields[3])
-                    elif kind == "W":
-                        if rec.state != RecordState.COMPLETED:
-                            rec.state = RecordState.WAITING
-                    else:
-                        rec.state = RecordState.COMPLETED
-                        rec.duration = max(0.0, float(fields[3]) - rec.t_start)
-            except ValueError:
-                continue
+            entered = _read_line(line, self.rank, self.by_key, with_args=False)
+            if entered is not None:
+                new.append(entered)
         return new
 
     def forget(self, pg: str, upto: int) -> None:
