@@ -121,6 +121,7 @@ class RankSpec:
     master_port: int
     env: dict = field(default_factory=dict)   # more environment (CUDA_VISIBLE_DEVICES, ...)
     run_id: str = "pytest-nccl"
+    cuda_device: int | None = None             # the current CUDA device of a rank that shares GPUs
 
 
 # -- the fork server ----------------------------------------------------------------------------------

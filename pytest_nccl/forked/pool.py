@@ -67,9 +67,9 @@ class GroupPool:
     def get(self, world: int, placement, timeout: float, deadline: float) -> RankGroup:
         """A healthy group of this shape: the warm one after a health check, else a fresh one.
         ``placement`` (placement.Placement): the backend, and whether each rank gets a GPU of its
-        own (leased) or sees no CUDA at all."""
+        own (leased), shares the host's GPUs (no lease: gloo asked for by name) or sees no CUDA."""
         zygote = self.ensure_zygote()
-        key = (world, placement.backend, placement.gpus, timeout)
+        key = (world, placement.backend, placement.gpus, placement.shared_gpus, timeout)
         if self.group is not None:
             if self.group.key == key and self.group.healthy:
                 if self.group.health_check():
@@ -86,9 +86,10 @@ class GroupPool:
             except TimeoutError as exc:
                 raise RankSetupError(str(exc)) from None
             gpu_ids = self.lease.ids
-        else:
+        elif not placement.shared_gpus:
             rank_env["CUDA_VISIBLE_DEVICES"] = ""  # gloo without a GPU per rank: the CPU path
-        self.group = RankGroup(zygote, world, placement.backend, timeout, self.workdir, gpu_ids, rank_env)
+        self.group = RankGroup(zygote, world, placement.backend, timeout, self.workdir, gpu_ids, rank_env,
+                               placement.device_of)
         self.group.key = key
         started = time.monotonic()
         try:

@@ -168,6 +168,16 @@ def set_environment(spec: RankSpec) -> None:
     os.environ.update(spec.env)
 
 
+def _share_gpu(torch, device: int) -> None:
+    """Make ``cuda:device`` this rank's current device when CUDA first initializes, not now: a rank
+    that never touches CUDA pays nothing (``_lazy_call`` queues it as ``manual_seed`` does)."""
+    lazy_call = getattr(torch.cuda, "_lazy_call", None)
+    if lazy_call is not None:
+        lazy_call(lambda: torch.cuda.set_device(device))
+    else:  # a torch without the queue: at once
+        torch.cuda.set_device(device)
+
+
 def main(spec: RankSpec, prepare=None) -> None:
     """Entry point in the forked (or spawned) child. Never returns. ``prepare``: what a spawned rank
     imports before joining (a forked one has it from the fork server)."""
@@ -196,6 +206,8 @@ def main(spec: RankSpec, prepare=None) -> None:
 
     import torch
     import torch.distributed as dist
+    if spec.cuda_device is not None:
+        _share_gpu(torch, spec.cuda_device)
     try:
         timeout = datetime.timedelta(seconds=spec.pg_timeout)
         store = dist.FileStore(spec.store_path, spec.world)
