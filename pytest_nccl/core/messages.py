@@ -29,6 +29,14 @@ Watch: files in the job's directory and each rank's agent socket (``watch/jobdir
     rank-<R>.json        ``watch.jobdir`` rank info (JSON): pid, host, world, backend
     exit-<R>.json        the rank's ``RankReport`` (JSON form), written at exit
     agent socket         one request word per connection, answered with one JSON object
+
+Ranks a test starts itself: a socketpair, pickled (``launched.py`` <-> ``watch/intest.py``, the
+session's helper process, which follows each test's directory as the watch follows a job's)
+    pytest -> helper     TestStarted(n, directory, since, bound, pytest_pid)   a test's call begins
+                         TestEnded(n, failed)     its call returned; ``failed``: the test raised
+                         Quit()                   the session ends
+    helper -> pytest     TestFollowed(n, verdict) done with test n: every process it started ended;
+                                                  ``LaunchedVerdict`` or None
 """
 
 from __future__ import annotations
@@ -225,3 +233,47 @@ class Verdict:
     @property
     def failed(self) -> bool:
         return self.status == RankState.FAILED
+
+
+# -- ranks a test starts itself ---------------------------------------------------------------------------
+
+@dataclass
+class TestStarted:
+    """A test's call begins; its processes carry ``directory`` in their environment."""
+    __test__ = False          # not a test class, whatever pytest's name rules say
+    n: int
+    directory: str
+    since: int                # clock ticks since boot (``/proc/PID/stat``'s start time) at the call's start
+    bound: float              # seconds without progress that make a hang (--nccl-timeout)
+    pytest_pid: int
+
+
+@dataclass
+class TestEnded:
+    __test__ = False
+    n: int
+    failed: bool              # the test itself raised (its own failure, before any verdict of ours)
+
+
+@dataclass
+class Quit:
+    pass
+
+
+@dataclass
+class LaunchedVerdict:
+    """What the helper concluded of a test's ranks."""
+    headline: str
+    exception: str            # the public exception's class name
+    report: str               # the report text (headline, collective table, stacks)
+    live: bool                # decided while the test ran: the helper ended the test's processes
+    launcher_sees: bool       # a rank raised or died: the launcher tells the test itself
+    finding: object = None    # the watch's ``Finding`` (views and diagnosis), for the trace; None: no diagnosis
+    backend: str = ""
+
+
+@dataclass
+class TestFollowed:
+    __test__ = False
+    n: int
+    verdict: LaunchedVerdict | None = None
