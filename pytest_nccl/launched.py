@@ -33,7 +33,7 @@ import warnings
 from dataclasses import dataclass
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -47,6 +47,8 @@ ANSWER_WAIT = 60.0   # seconds pytest waits for the helper's verdict (it ends th
 _HELPER = ("import sys; sys.path.insert(0, sys.argv[1]); from pytest_nccl.watch.intest import main; "
            "sys.exit(main(int(sys.argv[2])))")
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STARTUP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "watch", "startup")  # as watch.cli's
+_PER_TEST = ("PYTHONPATH", ENV_DIR)
 
 _armed = False          # a test's call runs with its ranks followed: forked children get the hook
 _fork_hook = False      # os.register_at_fork cannot be undone: registered once per process
@@ -108,7 +110,7 @@ class Launched:
         self.base: str | None = None
         self.conn: Connection | None = None
         self.helper: subprocess.Popen | None = None
-        self.job_env: Callable[[str], dict] | None = None   # watch.cli.job_env, once started
+        self.job_env: dict | None = None   # what watch.cli.job_env adds, less the per-test parts
         self.n = 0
 
     def header(self) -> str:
@@ -125,7 +127,9 @@ class Launched:
             return
         from .watch import cli, inject  # noqa: F401  (inject: imported before any fork, see _forked_child)
 
-        self.job_env = cli.job_env
+        # the same for every test: computed once (a copy of os.environ per test would cost)
+        template = cli.job_env("")
+        self.job_env = {k: v for k, v in template.items() if os.environ.get(k) != v and k not in _PER_TEST}
         try:
             self.base = cli.job_dir()
             ours, theirs = Pipe(duplex=True)
@@ -154,9 +158,10 @@ class Launched:
         assert self.base is not None and self.conn is not None and self.job_env is not None
         self.n += 1
         directory = os.path.join(self.base, f"t{self.n}")
-        env = self.job_env(directory)
-        call = LaunchedCall(self.n, directory, {k: (os.environ.get(k), v) for k, v in env.items()
-                                                if os.environ.get(k) != v},
+        path = os.environ.get("PYTHONPATH")
+        env = {**self.job_env, ENV_DIR: directory,
+               "PYTHONPATH": STARTUP_DIR + (os.pathsep + path if path else "")}
+        call = LaunchedCall(self.n, directory, {k: (os.environ.get(k), v) for k, v in env.items()},
                             item_budget(item, self.session.settings.timeout).bound())
         if not self._send(TestStarted(call.n, directory, boot_ticks(), call.bound, os.getpid())):
             return None
@@ -204,7 +209,7 @@ class Launched:
                            on_error=lambda message: warnings.warn(pytest.PytestWarning("pytest-nccl: " + message),
                                                                   stacklevel=1))
         if getattr(item, "_excinfo", None):  # unittest's own record of the failure would win over ours
-            item._excinfo = None
+            item._excinfo = []
         raise cls(verdict.headline, diag, report) from own
 
     # -- the helper -----------------------------------------------------------------------------------------

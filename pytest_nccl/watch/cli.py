@@ -275,7 +275,7 @@ class Watch:
                 if not self.args.quiet:
                     say(f"{PROG}: {finding.verdict.kind} diagnosed; ending the job (SIGTERM, "
                         f"then SIGKILL after {TIMING.job_term_wait:g} s)")
-                self._end_job(launcher)
+                self._end_job(launcher, finding)
                 self.ended_by_watch = True
                 self._report(finding)
                 self.finding = finding
@@ -292,7 +292,7 @@ class Watch:
             self.ended_by_watch = True
         return False
 
-    def _end_job(self, launcher) -> None:
+    def _end_job(self, launcher, finding: Finding | None = None) -> None:
         """End the job on a verdict (a test's job is every process the test started: ``intest``)."""
         control.end(launcher, TIMING.job_term_wait)
 

@@ -39,6 +39,7 @@ from .monitor import Monitor
 SHARED_HELPERS = (b"multiprocessing.resource_tracker", b"multiprocessing.forkserver", b"torch_shm_manager")
 WAIT_FOR_DIR = 0.05     # seconds between two looks for the directory of the test that runs
 IDLE = 1.0              # seconds between two checks that pytest still runs, while no test does
+LAUNCHER_GRACE = 10.0   # seconds a launcher has to end its job itself after a rank raised or died
 
 
 def _read(path: str) -> bytes:
@@ -93,6 +94,14 @@ class TestProcesses:
             if not self._shared_helper(pid):
                 found.append(pid)
         return found
+
+    def wait_gone(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while self.find():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(TIMING.reap_poll * 4)
+        return True
 
     def end(self, term_wait: float) -> None:
         """SIGTERM once to each (torchrun stops its workers on the first), SIGKILL after ``term_wait``."""
@@ -177,7 +186,11 @@ class TestWatch(Watch):
         return LaunchedVerdict(headline, diag.exception_name, report, live, launcher_restarts(diag), finding,
                                finding.backend)
 
-    def _end_job(self, launcher) -> None:
+    def _end_job(self, launcher, finding: Finding | None = None) -> None:
+        if finding is not None and finding.diagnosis is not None and launcher_restarts(finding.diagnosis):
+            # a rank raised or died: the test's launcher (mp.spawn's join, torchrun) ends the others and
+            # tells the test in its own words (a test may expect them); ours only if it does not
+            self.processes.wait_gone(LAUNCHER_GRACE)
         self.processes.end(TIMING.job_term_wait)
 
     def _report(self, finding, title=None) -> None:

@@ -1,8 +1,9 @@
 """A job whose ranks read their rank from the environment, as ``torchrun`` (``python -m
 torch.distributed.run``) starts them: three all_reduces, then an all_gather whose size differs on
-rank 1 in the bad case. A test runs it in a subprocess (tests/test_launched.py).
+rank 1 in the bad case (gloo aborts), or that rank 1 skips for a barrier in the desync case (without
+a watch the ranks wait for gloo's 30 minutes). A test runs it in a subprocess (tests/test_launched.py).
 
-    torchrun --nproc-per-node 2 env_job.py good|bad
+    torchrun --nproc-per-node 2 env_job.py good|bad|desync
 """
 
 import sys
@@ -19,7 +20,10 @@ def main() -> int:
     for _ in range(3):
         dist.all_reduce(t)
     n = 3 if case == "bad" and rank == 1 else 2
-    dist.all_gather([torch.zeros(n) for _ in range(world)], torch.ones(n))  # the gather
+    if case == "desync" and rank == 1:
+        dist.barrier()  # the barrier
+    else:
+        dist.all_gather([torch.zeros(n) for _ in range(world)], torch.ones(n))  # the gather
     dist.barrier()
     print(f"rank {rank} trained", flush=True)
     dist.destroy_process_group()
