@@ -165,9 +165,6 @@ def pytest_sessionstart(session) -> None:
     nccl = session.config.stash.get(SESSION_KEY, None)
     if nccl is not None and _runs_tests(session.config):
         nccl.mode.session_started(session)
-        launched = session.config.stash.get(LAUNCHED_KEY, None)
-        if launched is not None:
-            launched.start()
     _junit_and_gate_start(session)
 
 

@@ -16,8 +16,9 @@ import pytest
 from conftest import run_inner_once
 from watch_support import line_in
 
+from pytest_nccl.budget import Budget
 from pytest_nccl.core.messages import LaunchedVerdict
-from pytest_nccl.launched import boot_ticks, decide
+from pytest_nccl.launched import boot_ticks, decide, stall_bound
 
 REPO = Path(__file__).resolve().parents[1]
 JOBS = REPO / "tests" / "launched"
@@ -78,6 +79,17 @@ def test_debug_launcher_expected_failure():
         debug_launcher(_raises)
 
 
+def _hang():
+    state = PartialState(cpu=True)
+    peer = 1 - state.process_index
+    dist.recv(__import__("torch").zeros(1), src=peer)  # each rank waits for the other
+
+
+@pytest.mark.timeout(20)  # pytest-timeout's budget: the plugin's bound is what it leaves, less 3 s
+def test_debug_launcher_hang():
+    debug_launcher(_hang)
+
+
 def test_spawn_good():
     mp.spawn(train, args=("good", port()), nprocs=2)
 
@@ -101,6 +113,16 @@ def test_torchrun_good():
 def test_torchrun_desync():
     run = torchrun("desync")
     assert run.returncode == 0, run.stderr[-300:]
+
+
+def test_left_running():
+    # a process the test never waits for: ended with the test (the inner session's leftover check)
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+
+
+class TestUnittestStyle(__import__("unittest").TestCase):  # as accelerate's tests/test_cpu.py
+    def test_desync(self):
+        debug_launcher(_desync)
 
 
 def accelerate_launch(case):
@@ -177,6 +199,26 @@ def test_debug_launcher_desync_fails_within_seconds(inner):
     assert "FAILED test_launched_inner.py::test_debug_launcher_desync - op mismatch" in inner.text
 
 
+def test_a_hang_fails_at_the_bound_before_pytest_timeout(inner):
+    assert _outcome(inner, "test_debug_launcher_hang") == "FAILED"
+    section = inner.section("test_debug_launcher_hang")
+    assert re.search(r"every rank is inside recv #1 of group default:p2p from test_launched_inner\.py:\d+ .*and "
+                     r"none completed within [\d.]+ s \(--nccl-timeout\)", section), section
+    assert "Timeout" not in section.split("\n")[1], section  # ours, not pytest-timeout's
+    assert "CollectiveTimeout" in inner.text or "every rank is inside" in inner.text
+
+
+def test_a_unittest_test_fails_the_same_way(inner):
+    assert _outcome(inner, "TestUnittestStyle::test_desync") == "FAILED"
+    section = inner.section("TestUnittestStyle.test_desync")
+    assert "op mismatch at collective #1 of group default: rank 0 all_gather, rank 1 barrier" in section, section
+    assert "The test itself raised ProcessExitedException" in section, section
+
+
+def test_a_process_left_running_ends_with_its_test(inner):
+    assert _outcome(inner, "test_left_running") == "PASSED"  # and no process of it is left (run_inner_once)
+
+
 def test_spawn_bad_fails_with_the_mismatch(inner):
     assert _outcome(inner, "test_spawn_bad") == "FAILED"
     section = inner.section("test_spawn_bad")
@@ -251,3 +293,12 @@ def test_durations_for_the_record(inner, capsys):
     with capsys.disabled():
         print("\ninner session, per test:\n" + "\n".join(line for line in inner.result.stdout.lines
                                                          if re.match(r"[\d.]+s call ", line)))
+
+
+def test_the_stall_bound_leaves_pytest_timeout_room_for_the_ranks_to_start():
+    import time
+
+    assert stall_bound(Budget(120.0)) == 120.0
+    now = time.monotonic()
+    assert 12 < stall_bound(Budget(120.0, now + 20)) < 14      # 17 s left, a quarter kept
+    assert 106 < stall_bound(Budget(120.0, now + 120)) < 108   # 117 s left, 10 s kept

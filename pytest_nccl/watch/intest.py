@@ -18,28 +18,25 @@ tests use too (multiprocessing's resource tracker and fork server, torch's shm m
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
 import time
 from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING
 
-from ..core.judge import launcher_restarts
-from ..core.messages import LaunchedVerdict, Quit, TestEnded, TestFollowed, TestStarted
-from ..core.referee import TIMING
-from ..errors import CollectiveTimeout
-from . import control, present
-from .cli import Watch
-from .finding import Finding
+from ..core.messages import Quit, TestCall, TestEnded, TestFollowed
 from .jobdir import ENV_DIR, process_start
-from .monitor import Monitor
+
+if TYPE_CHECKING:
+    from .testwatch import TestWatch
+
+# the watch itself (monitor, referee, judge) is imported once a test's processes import torch: a
+# session whose tests start none pays for an idle interpreter only
 
 #: processes of the pytest process that serve later tests too: spared (matched in their command line)
 SHARED_HELPERS = (b"multiprocessing.resource_tracker", b"multiprocessing.forkserver", b"torch_shm_manager")
-WAIT_FOR_DIR = 0.05     # seconds between two looks for the directory of the test that runs
-IDLE = 1.0              # seconds between two checks that pytest still runs, while no test does
-LAUNCHER_GRACE = 10.0   # seconds a launcher has to end its job itself after a rank raised or died
+WAIT_FOR_DIR = 0.1      # seconds between two looks for a new test directory (pytest sends nothing per test)
 
 
 def _read(path: str) -> bytes:
@@ -62,10 +59,16 @@ class TestProcesses:
 
     __test__ = False
 
-    def __init__(self, started: TestStarted):
-        self.pytest_pid, self.since = started.pytest_pid, started.since
-        self.marker = f"\0{ENV_DIR}={started.directory}\0".encode()
-        self.spared = {os.getpid(), started.pytest_pid}
+    def __init__(self, call: TestCall, pytest_pid: int, every_test: bool = False):
+        self.pytest_pid, self.since = pytest_pid, call.since
+        # every_test: the processes of every test of the session (``call.directory`` is their parent)
+        self.marker = f"\0{ENV_DIR}={call.directory}{'/' if every_test else chr(0)}".encode()
+        self.spared = {os.getpid(), pytest_pid}
+        self.until: int | None = None   # the call's end: a process pytest forks later is the next test's
+
+    def _ours(self, pid: int) -> bool:
+        start = process_start(pid)
+        return start is not None and self.since <= start and (self.until is None or start <= self.until)
 
     def _shared_helper(self, pid: int) -> bool:
         if _parent(pid) != self.pytest_pid:
@@ -74,7 +77,9 @@ class TestProcesses:
         return any(name in command for name in SHARED_HELPERS)
 
     def find(self) -> list[int]:
-        forked = {pid for pid in control.descendants(self.pytest_pid) if (process_start(pid) or -1) >= self.since}
+        from . import control
+
+        forked = {pid for pid in control.descendants(self.pytest_pid) if self._ours(pid)}
         uid = os.getuid()
         found = []
         for name in os.listdir("/proc"):
@@ -96,6 +101,8 @@ class TestProcesses:
         return found
 
     def wait_gone(self, seconds: float) -> bool:
+        from ..core.referee import TIMING
+
         deadline = time.monotonic() + seconds
         while self.find():
             if time.monotonic() >= deadline:
@@ -103,8 +110,12 @@ class TestProcesses:
             time.sleep(TIMING.reap_poll * 4)
         return True
 
-    def end(self, term_wait: float) -> None:
-        """SIGTERM once to each (torchrun stops its workers on the first), SIGKILL after ``term_wait``."""
+    def end(self) -> None:
+        """SIGTERM once to each (torchrun stops its workers on the first), then SIGKILL after the watch's
+        ``Timing.job_term_wait``."""
+        from ..core.referee import TIMING
+
+        term_wait = TIMING.job_term_wait
         signalled: set[int] = set()
         deadline = time.monotonic() + term_wait
         while True:
@@ -132,87 +143,22 @@ def _signal(pids, sig) -> None:
             pass
 
 
-def test_words(text: str) -> str:
-    """The watch's report names its option; in a test the bound is the plugin's."""
-    return text.replace("--timeout", "--nccl-timeout")
-
-
-class TestWatch(Watch):
-    """One test's ranks, followed as the watch follows a command's: the test's call is the launcher,
-    ending the job ends every process the test started."""
-
-    __test__ = False
-
-    def __init__(self, started: TestStarted, processes: TestProcesses):
-        args = argparse.Namespace(timeout=started.bound, quiet=True, keep_running=False, trace_dir=None, json=None)
-        super().__init__(args, [], started.directory)
-        self.processes = processes
-        self.monitor = Monitor(started.directory, started.bound)
-        self.verdict: LaunchedVerdict | None = None   # decided while the test ran
-
-    def tick(self, now: float) -> None:
-        if self.verdict is not None:
-            return
-        self._next_attempt(now)
-        if not self.attempt_done and self._step(None, now):
-            assert self.finding is not None  # _step reported it
-            self.verdict = self._verdict(self.finding, live=True)
-        elif self.peers_missing:
-            self.verdict = LaunchedVerdict(test_words(self.peers_missing.replace("; ending the job", "")),
-                                           CollectiveTimeout.__name__, "", live=True, launcher_sees=False)
-
-    def wake_at(self, now: float) -> float:
-        return self.monitor.wake_at(now) if self.verdict is None and not self.attempt_done else now + 0.2
-
-    def conclude(self, failed: bool) -> LaunchedVerdict | None:
-        """The test's call returned (``failed``: it raised): the verdict of the run, if any."""
-        if self.verdict is not None:
-            return self.verdict
-        finding = None
-        if self.attempt_done:
-            if self.earlier and self.earlier[-1][0].restart == self.attempt:  # the launcher gave up
-                finding = self.earlier[-1][1]
-        else:
-            finding = self.monitor.after_exit(time.monotonic(), launcher_ok=not failed)
-        return self._verdict(finding, live=False) if finding is not None else None
-
-    def _verdict(self, finding: Finding, live: bool) -> LaunchedVerdict:
-        timeout = self.args.timeout
-        diag = finding.verdict
-        report = test_words(present.report_text(finding, timeout))
-        headline = test_words(present.headline(finding, timeout))
-        present.to_absolute(finding, timeout)  # the trace with the ranks' own numbers
-        diag.headline = headline
-        return LaunchedVerdict(headline, diag.exception_name, report, live, launcher_restarts(diag), finding,
-                               finding.backend)
-
-    def _end_job(self, launcher, finding: Finding | None = None) -> None:
-        if finding is not None and finding.diagnosis is not None and launcher_restarts(finding.diagnosis):
-            # a rank raised or died: the test's launcher (mp.spawn's join, torchrun) ends the others and
-            # tells the test in its own words (a test may expect them); ours only if it does not
-            self.processes.wait_gone(LAUNCHER_GRACE)
-        self.processes.end(TIMING.job_term_wait)
-
-    def _report(self, finding, title=None) -> None:
-        pass  # the verdict goes to pytest (``_verdict``), not to a terminal
-
-
 class Helper:
-    """The loop: one test at a time, as pytest says (``TestStarted``, ``TestEnded``)."""
+    """The loop: the call whose directory appeared (``TestCall``), until pytest says it ended."""
 
-    def __init__(self, conn: Connection):
-        self.conn = conn
+    def __init__(self, conn: Connection, base: str):
+        self.conn, self.base = conn, base
         self.pytest_pid = os.getppid()
-        self.started: TestStarted | None = None
+        self.call: TestCall | None = None
         self.processes: TestProcesses | None = None
         self.watch: TestWatch | None = None
+        self.last = 0              # the last call pytest said ended: its directory may linger
 
     def run(self) -> int:
         while True:
-            timeout = self._timeout()
             message = None
             try:
-                if self.conn.poll(timeout):
+                if self.conn.poll(self._timeout()):
                     message = self.conn.recv()
             except (EOFError, OSError):
                 message = Quit()
@@ -220,63 +166,71 @@ class Helper:
                 message = Quit()
             if isinstance(message, Quit):
                 self._abandon()
+                # what a test left running before any process of it imported torch: at the latest now
+                TestProcesses(TestCall(0, self.base, 1 << 62, 0.0), self.pytest_pid, every_test=True).end()
                 return 0
-            if isinstance(message, TestStarted):
-                self._abandon()
-                self.started, self.processes = message, TestProcesses(message)
-            elif isinstance(message, TestEnded):
+            if isinstance(message, TestEnded):
                 self._ended(message)
-            self._tick()
+            self._scan()
+            if self.watch is not None:
+                self.watch.tick(time.monotonic())
 
     def _timeout(self) -> float:
-        if self.started is None:
-            return IDLE
         if self.watch is None:
             return WAIT_FOR_DIR
         now = time.monotonic()
         return min(0.2, max(0.02, self.watch.wake_at(now) - now))
 
-    def _tick(self) -> None:
-        if self.started is None:
+    def _scan(self) -> None:
+        """A directory of a call newer than the one followed: a process of that test imported torch."""
+        try:
+            names = os.listdir(self.base)
+        except OSError:
             return
-        if self.watch is None:
-            if not os.path.isdir(self.started.directory):
-                return
-            assert self.processes is not None
-            self.watch = TestWatch(self.started, self.processes)
-        self.watch.tick(time.monotonic())
+        newest = max((c for c in (TestCall.from_name(self.base, n) for n in names) if c is not None),
+                     key=lambda c: c.n, default=None)
+        if newest is None or newest.n <= self.last or (self.call is not None and newest.n <= self.call.n):
+            return
+        self._abandon()
+        self._follow(newest)
+
+    def _follow(self, call: TestCall) -> None:
+        from .testwatch import TestWatch
+
+        self.call, self.processes = call, TestProcesses(call, self.pytest_pid)
+        self.watch = TestWatch(call, self.processes)
 
     def _ended(self, ended: TestEnded) -> None:
-        started, processes, watch = self.started, self.processes, self.watch
-        self.started = self.processes = self.watch = None
-        if started is None or started.n != ended.n:
-            return
+        call = ended.call
+        self.last = max(self.last, call.n)
+        if self.call is None or self.call.n != call.n:  # its directory appeared since the last scan
+            self._abandon()
+            self._follow(call)
+        assert self.watch is not None and self.processes is not None
+        watch, processes = self.watch, self.processes
+        self.call = self.processes = self.watch = None
+        processes.until = ended.until
         verdict = None
-        if watch is not None or os.path.isdir(started.directory):
-            if watch is None:
-                assert processes is not None
-                watch = TestWatch(started, processes)
-            try:
-                verdict = watch.conclude(ended.failed)
-            finally:
-                watch.monitor.close()
-            assert processes is not None
-            processes.end(TIMING.job_term_wait)
-        self.conn.send(TestFollowed(ended.n, verdict))
+        try:
+            verdict = watch.conclude(ended.failed)
+        finally:
+            watch.monitor.close()
+        processes.end()
+        self.conn.send(TestFollowed(call.n, verdict))
 
     def _abandon(self) -> None:
         """No answer will be read: end what the test started (pytest is gone, or moved on)."""
         if self.watch is not None:
             self.watch.monitor.close()
-        if self.processes is not None and self.started is not None and os.path.isdir(self.started.directory):
-            self.processes.end(TIMING.job_term_wait)
-        self.started = self.processes = self.watch = None
+        if self.processes is not None:
+            self.processes.end()
+        self.call = self.processes = self.watch = None
 
 
-def main(fd: int) -> int:
+def main(fd: int, base: str) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is pytest's: it tells us what to end
     try:
-        return Helper(Connection(fd)).run()
+        return Helper(Connection(fd), base).run()
     except Exception as exc:  # pytest goes on without us: launched.py notices the closed connection
         sys.stderr.write(f"pytest-nccl: the helper that follows tests' own ranks failed: {type(exc).__name__}: {exc}\n")
         return 1
