@@ -15,8 +15,8 @@ from ..errors import CollectiveTimeout
 from . import present
 from .cli import Watch
 from .finding import Finding
-from .intest import TestProcesses
 from .monitor import Monitor
+from .testprocs import TestProcesses
 
 LAUNCHER_GRACE = 10.0   # seconds a launcher has to end its job itself after a rank raised or died
 
