@@ -17,6 +17,7 @@ import time
 import pytest
 
 from .errors import DistributedTestFailure, NcclUsageError, RankSetupError
+from .launched import LAUNCHED_KEY, PREVIOUS_SIGTERM, Launched, off_reason
 from .session import OUTCOME_KEY, SESSION_KEY, STARTED_KEY, NcclSession, junit_writer
 from .settings import (
     MARKER,
@@ -62,6 +63,8 @@ def pytest_configure(config: pytest.Config) -> None:
     from . import spmd  # SPMD mode: this process is one rank of a launched group (torchrun, srun)
     from .forked.mode import ForkedMode
     session.mode = spmd.configure(config, session) or ForkedMode(session)
+    # ranks a test starts itself (torchrun, mp.spawn, debug_launcher): traced and judged (launched.py)
+    config.stash[LAUNCHED_KEY] = Launched(session, off_reason(session, not isinstance(session.mode, ForkedMode)))
 
 
 def _usage_error(config: pytest.Config, message: str):
@@ -81,14 +84,18 @@ def _install_sigterm_cleanup(session: NcclSession) -> None:
         previous = signal.getsignal(signal.SIGTERM)
     except ValueError:
         return
+    pid = os.getpid()
 
     def on_sigterm(signum, frame):
-        session.close()
+        if os.getpid() == pid:  # not in a child a test forked (debug_launcher's ranks): the session is ours
+            session.close()
         if callable(previous):
             previous(signum, frame)
         else:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
+
+    vars(on_sigterm)[PREVIOUS_SIGTERM] = previous
 
     try:
         signal.signal(signal.SIGTERM, on_sigterm)
@@ -97,17 +104,23 @@ def _install_sigterm_cleanup(session: NcclSession) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    launched = config.stash.get(LAUNCHED_KEY, None)
+    if launched is not None:
+        launched.close()
     session = config.stash.get(SESSION_KEY, None)
     if session is not None:
         session.close()
 
 
-def pytest_report_header(config: pytest.Config) -> str | None:
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
     error = config.stash.get(SETTINGS_ERROR_KEY, None)
     if error is not None:  # --collect-only goes on; a session that runs tests stops at its start
-        return f"nccl: {error}"
+        return [f"nccl: {error}"]
     session = config.stash.get(SESSION_KEY, None)
-    return session.mode.header() if session is not None and session.mode is not None else None
+    if session is None or session.mode is None:
+        return None
+    launched = config.stash.get(LAUNCHED_KEY, None)
+    return [session.mode.header()] + ([launched.header()] if launched is not None else [])
 
 
 @pytest.hookimpl(wrapper=True)
@@ -209,6 +222,24 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
     mode = pyfuncitem.config.stash[SESSION_KEY].mode
     assert mode is not None, "pytest_configure sets the mode before any test runs"
     return mode.run_item(pyfuncitem)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """A test that starts ranks itself (torchrun, mp.spawn, debug_launcher): they are followed while
+    it runs, and a hang or desync among them is its failure (launched.py)."""
+    __tracebackhide__ = True
+    launched = item.config.stash.get(LAUNCHED_KEY, None)
+    call = launched.before(item) if launched is not None else None
+    if call is None:
+        return (yield)
+    try:
+        result = yield
+    except BaseException as exc:
+        launched.after(call, item, exc)
+        raise
+    launched.after(call, item, None)
+    return result
 
 
 @pytest.hookimpl(wrapper=True)

@@ -29,6 +29,15 @@ Watch: files in the job's directory and each rank's agent socket (``watch/jobdir
     rank-<R>.json        ``watch.jobdir`` rank info (JSON): pid, host, world, backend
     exit-<R>.json        the rank's ``RankReport`` (JSON form), written at exit
     agent socket         one request word per connection, answered with one JSON object
+
+Ranks a test starts itself: a socketpair, pickled (``launched.py`` <-> ``watch/intest.py``, the
+session's helper process, which follows each test's directory as the watch follows a job's)
+    pytest -> helper     TestEnded(call, failed, until)  a test's call returned, when a process of
+                                                  it made its directory (``TestCall``: nothing is sent
+                                                  when a call begins); pytest waits for the answer
+                         Quit()                   the session ends
+    helper -> pytest     TestFollowed(n, verdict) done with test n: every process it started ended;
+                                                  ``LaunchedVerdict`` or None
 """
 
 from __future__ import annotations
@@ -226,3 +235,60 @@ class Verdict:
     @property
     def failed(self) -> bool:
         return self.status == RankState.FAILED
+
+
+# -- ranks a test starts itself ---------------------------------------------------------------------------
+
+@dataclass
+class TestCall:
+    """A test's call, as its directory's name says it (``t<n>-<since>-<bound in 0.1 s>``): pytest sends
+    nothing when a call begins; the helper learns of it when a process of the test makes the directory."""
+    __test__ = False          # not a test class, whatever pytest's name rules say
+    n: int
+    directory: str
+    since: int                # clock ticks since boot (``/proc/PID/stat``'s start time) at the call's start
+    bound: float              # seconds without progress that make a hang (--nccl-timeout)
+
+    @property
+    def name(self) -> str:
+        return f"t{self.n}-{self.since}-{round(self.bound * 10)}"
+
+    @classmethod
+    def from_name(cls, base: str, name: str) -> "TestCall | None":
+        try:
+            n, since, bound = name[1:].split("-")
+            return cls(int(n), f"{base}/{name}", int(since), int(bound) / 10) if name[0] == "t" else None
+        except (ValueError, IndexError):
+            return None
+
+
+@dataclass
+class TestEnded:
+    __test__ = False
+    call: TestCall
+    failed: bool              # the test itself raised (its own failure, before any verdict of ours)
+    until: int                # clock ticks since boot at the call's end: what started later is another test's
+
+
+@dataclass
+class Quit:
+    pass
+
+
+@dataclass
+class LaunchedVerdict:
+    """What the helper concluded of a test's ranks."""
+    headline: str
+    exception: str            # the public exception's class name
+    report: str               # the report text (headline, collective table, stacks)
+    live: bool                # decided while the test ran: the helper ended the test's processes
+    launcher_sees: bool       # a rank raised or died: the launcher tells the test itself
+    finding: object = None    # the watch's ``Finding`` (views and diagnosis), for the trace; None: no diagnosis
+    backend: str = ""
+
+
+@dataclass
+class TestFollowed:
+    __test__ = False
+    n: int
+    verdict: LaunchedVerdict | None = None

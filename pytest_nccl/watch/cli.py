@@ -275,7 +275,7 @@ class Watch:
                 if not self.args.quiet:
                     say(f"{PROG}: {finding.verdict.kind} diagnosed; ending the job (SIGTERM, "
                         f"then SIGKILL after {TIMING.job_term_wait:g} s)")
-                control.end(launcher, TIMING.job_term_wait)
+                self._end_job(launcher, finding)
                 self.ended_by_watch = True
                 self._report(finding)
                 self.finding = finding
@@ -288,9 +288,13 @@ class Watch:
             self.attempt_done = True
         elif monitor.referee is None and self._peers_never_appeared(now):
             say(f"{PROG}: {self.peers_missing}")
-            control.end(launcher, TIMING.job_term_wait)
+            self._end_job(launcher)
             self.ended_by_watch = True
         return False
+
+    def _end_job(self, launcher, finding: Finding | None = None) -> None:
+        """End the job on a verdict (a test's job is every process the test started: ``intest``)."""
+        control.end(launcher, TIMING.job_term_wait)
 
     def _peers_never_appeared(self, now: float) -> bool:
         directory = jobdir.attempt_dir(self.dir, self.attempt)
