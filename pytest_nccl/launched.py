@@ -33,11 +33,12 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass
-from multiprocessing import Pipe
-from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
 
 from .budget import MIN_BOUND, Budget, pytest_timeout_of
 from .core.messages import LaunchedVerdict, Quit, TestCall, TestEnded, TestFollowed
@@ -150,6 +151,7 @@ class Launched:
             os.environ[name] = value
         try:
             self.base = cli.job_dir()
+            from multiprocessing import Pipe  # here: the plugin must load where multiprocessing cannot
             ours, theirs = Pipe(duplex=True)
             debug = None if os.environ.get("PYTEST_NCCL_WATCH_DEBUG") else subprocess.DEVNULL
             self.helper = subprocess.Popen([sys.executable, "-c", _HELPER, _PACKAGE_PARENT, str(theirs.fileno()),
