@@ -12,6 +12,7 @@ import signal
 import time
 
 from ..core.messages import TestCall
+from .control import _signal
 from .jobdir import ENV_DIR, process_start
 
 #: processes of the pytest process that serve later tests too: spared (matched in their command line)
@@ -112,11 +113,3 @@ class TestProcesses:
                 return
             _signal(left, signal.SIGKILL)
             time.sleep(TIMING.reap_poll)
-
-
-def _signal(pids, sig) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except OSError:
-            pass
