@@ -133,6 +133,19 @@ def test_a_store_that_went_away_makes_the_channel_lost_not_an_error():
     channel.push(0, b"x")  # no error either
 
 
+def test_a_store_hiccup_is_retried_on_a_fresh_client_and_the_channel_stays():
+    """A loaded host: one call fails ("Broken pipe") on the client; the retry on a fresh client of
+    the same store succeeds, and the channel is not lost (issue 30: a clean job was failed after it)."""
+    store = FakeStore()
+
+    class Broken(FakeStore):
+        def add(self, key, n):
+            raise RuntimeError("Broken pipe")
+    Channel(store, "j/0").push(1, b"E\t...\n")
+    channel = Channel(Broken(), "j/0", reopen=lambda: store)
+    assert channel.pull(1, 0) == (1, b"E\t...\n") and not channel.lost and channel.errors == 1
+
+
 # -- real jobs: two torchrun nodes on one host, each under its own watch --------------------------------
 
 def _env(tag: str) -> dict:

@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 
+from ..core.diagnosis.wording import rank_list
 from ..core.referee import TIMING
 from ..core.sites import headline_site
 from ..core.states import Reason
@@ -333,6 +334,9 @@ class Watch:
                 finding = self.monitor.agree(finding)
                 self._report(finding, title=f"the job ended on its own (exit status {job_code}); its journals show")
                 self.finding = finding
+            elif self.monitor.unseen() and not self.args.quiet:  # said, never a verdict
+                say(f"{PROG}: {rank_list(self.monitor.unseen())} (on another node) could not be followed to "
+                    "the end: the channel to that node's watch ended; this node's ranks ended cleanly")
             elif self.monitor.referee is None and not self.earlier:
                 torch_processes = sum(1 for n in _listdir(self.dir) if n.startswith("torch-"))
                 say(f"{PROG}: {no_rank_line(torch_processes)}")

@@ -102,5 +102,8 @@ class Nodes:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=1.0)
+        if not self._thread.is_alive():  # what the ranks wrote last and how they ended, before the
+            for rank, f in list(self.local().items()):  # channel ends with this watch
+                self._publish(rank, f)
         for reader in self._readers.values():
             reader.close()

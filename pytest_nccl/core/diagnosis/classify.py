@@ -69,7 +69,7 @@ def diagnose(ranks: list[RankView], reason: Reason, bound: float) -> Diagnosis |
         inside = [v for v in running if v.current is not None]
         at = [rec for rec in (v.current for v in inside) if rec is not None]  # their records, in that order
         if inside and len(inside) == len(running) and len({(rec.pg, rec.seq) for rec in at}) == 1:
-            return _hang(running, views, at[0], bound)
+            return _hang(running, views, at, bound)
         busy = [v for v in running if v.current is None]
         if busy and inside:
             return _slow(busy, inside, at[0], bound)
@@ -87,17 +87,17 @@ def diagnose(ranks: list[RankView], reason: Reason, bound: float) -> Diagnosis |
     return None
 
 
-def _hang(running: list[RankView], views: dict, rec: CollectiveRecord, bound: float) -> Diagnosis:
-    """Every running rank waits in the same collective ``rec`` and none completed it. The ranks that
+def _hang(running: list[RankView], views: dict, at: list[CollectiveRecord], bound: float) -> Diagnosis:
+    """Every running rank waits in the same collective (``at``: their records) and none completed it. The ranks that
     finished are named by how they ended, not counted as having entered it: only the members of the
     group (the peers of a transfer) are, and one that finished has left it (completed, or never in)."""
-    names = [v.rank for v in running]
+    names, rec = [v.rank for v in running], at[0]
     within = f"within the {seconds(bound)} s bound"
     if len(running) == len(views):
         return Diagnosis(Kind.HANG, f"every rank is inside {where(rec)} and none completed {within} "
                          "(a transport or peer problem: all ranks entered it)", names, rec.pg, rec.seq)
     if rec.p2p:
-        members = set(names) | {p.peer for v in running for p in (v.current.blocking_p2p() or v.current.p2p)}
+        members = set(names) | {p.peer for r in at for p in (r.blocking_p2p() or r.p2p)}
     else:
         members = set(members_of(rec.pg, len(views)))
     finished = {r: state_of(v, rec.pg, views) for r, v in views.items() if r in members and r not in names}
