@@ -199,7 +199,8 @@ def test_a_slow_rank_on_the_other_node_is_named_by_both_watches(tmp_path):
         assert "rank 3 is busy outside any collective" in summary["headline"], summary["headline"]
         assert "ranks 0-2 waited 6 s (--timeout) with no progress in all_reduce #6" in summary["headline"]
     assert out[0][2]["headline"] == out[1][2]["headline"], (out[0][2]["headline"], out[1][2]["headline"])
-    assert elapsed < TIMEOUT + 10 + 15, elapsed  # + 15: two interpreters start torch on a loaded 2-core host
+    # + 60: two launchers and four ranks start torch on a loaded 2-core host (40 s seen with 7 users)
+    assert elapsed < TIMEOUT + 10 + 60, elapsed
 
 
 @pytest.mark.timeout(JOB_LIMIT + 60)

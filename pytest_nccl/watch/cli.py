@@ -181,8 +181,15 @@ class Watch:
         self.peers_missing = ""
 
     def run(self) -> int:
-        args = self.args
         control.become_subreaper()
+        guardian = control.guard(self.dir)  # ends the job if this watch is killed (SIGKILL)
+        try:
+            return self._run()
+        finally:  # a job still running here (the watch failed): the guardian ends it
+            guardian.done(clean=not control.descendants())
+
+    def _run(self) -> int:
+        args = self.args
         signals = _Signals()
         try:
             launcher = control.launch(self.command, job_env(self.dir))
@@ -247,6 +254,7 @@ class Watch:
                 break
             if now >= next_reap:
                 control.reap(launcher)
+                control.note_shm()
                 next_reap = now + 1.0
             wake = self.monitor.wake_at(now) if not (self.kept or self.attempt_done) else now + 0.2
             time.sleep(min(0.2, max(0.02, wake - time.monotonic())))
