@@ -22,6 +22,7 @@ import subprocess
 import time
 
 from ..core.referee import TIMING
+from . import jobdir
 from .leftovers import Guardian, ShmFiles
 
 PR_SET_PDEATHSIG = 1
@@ -33,11 +34,12 @@ class _Guarded:
     /dev/shm files noted so far."""
     guardian: Guardian | None = None
     shm: ShmFiles | None = None
+    directory: str | None = None
 
 
 def guard(directory: str) -> Guardian:
     """Start the guardian of the job whose directory is ``directory``; ``Guardian.done()`` at a normal end."""
-    _Guarded.guardian, _Guarded.shm = Guardian(directory), ShmFiles(directory)
+    _Guarded.guardian, _Guarded.shm, _Guarded.directory = Guardian(directory), ShmFiles(directory), directory
     return _Guarded.guardian
 
 
@@ -45,6 +47,15 @@ def note_shm() -> None:
     """Note the /dev/shm files the job's processes have open now (once a second, and before ending it)."""
     if _Guarded.shm is not None:
         _Guarded.shm.note(descendants())
+
+
+def _ending() -> None:
+    """The launcher may fold its report of the SIGTERM that follows (``fold.py``)."""
+    if _Guarded.directory is not None:
+        try:
+            jobdir.touch(jobdir.ending(_Guarded.directory))
+        except OSError:
+            pass
 
 
 def _remove_shm() -> None:
@@ -142,6 +153,7 @@ def end(launcher: subprocess.Popen, term_wait: float = 5.0) -> None:
     second one in the middle of stopping its workers badly), then SIGKILL after ``term_wait``
     seconds to whatever is left; then the job's /dev/shm files."""
     note_shm()
+    _ending()
     try:
         os.killpg(launcher.pid, signal.SIGTERM)
     except OSError:

@@ -62,6 +62,8 @@ def after_torch() -> None:
         tracer.install()
         _wrap_init_process_group()
         _when_imported(ELASTIC_AGENT, _wrap_rendezvous)
+        from . import fold
+        _when_imported(fold.SIGNAL_EXCEPTION, fold.install)  # torchrun's traceback of our SIGTERM
         jobdir.touch(jobdir.torch_marker(base, os.getpid()))
     except Exception as exc:
         _warn(f"collectives are not traced in this process ({type(exc).__name__}: {exc})")
