@@ -233,3 +233,45 @@ def test_a_clean_job_on_two_nodes_passes_through_untouched(tmp_path):
     out = run_nodes(tmp_path, "clean", nproc=1)
     for node, (code, err, summary) in out.items():
         assert code == 0 and summary["verdict"] is False, f"node {node}:\n{err}"
+
+
+def test_a_lost_channel_makes_the_other_node_s_ranks_unseen_never_a_hang(tmp_path):
+    """Node 1's watch: rank 0 (node 0) was last seen inside all_reduce #8, rank 1 (this node) exited
+    normally. While the channel is up, that wait counts; once the channel is lost (the deciding
+    watch's store is gone), rank 0 is unseen: no journal, no wait, so the rolling bound never runs
+    out on it and its report says so (issue 30: a clean job failed with a hang verdict)."""
+    from types import SimpleNamespace
+
+    from collective_records import record
+
+    from pytest_nccl.core.referee import Referee
+    from pytest_nccl.core.states import Reason
+    from pytest_nccl.watch.follow import Followed, RemoteRank
+    from pytest_nccl.watch.monitor import Monitor
+
+    monitor = Monitor(str(tmp_path), TIMEOUT, connect=lambda info, decides: None)
+    try:
+        channel = Channel(FakeStore(), "j/0")
+        rank0 = Followed(0, RemoteRank(0, {"rank": 0}, channel))
+        rank0.records = [record(0, i, t=i) for i in range(1, 8)] + [record(0, 8, state="entered", t=8)]
+        rank1 = Followed(1, RemoteRank(1, {"rank": 1}, channel))  # as good as this node's: it completed #8
+        rank1.records, rank1.state = [record(1, i, t=i) for i in range(1, 9)], RankState.PASSED
+        monitor.ranks, monitor.world, monitor.node_count = {0: rank0, 1: rank1}, 2, 2
+        monitor.nodes = SimpleNamespace(channel=channel, close=lambda: None)  # type: ignore[assignment]
+
+        def judged_at(now: float) -> Reason | None:
+            referee = Referee(2, TIMEOUT, 0.0, rolling=True)
+            referee.finished(1, RankState.PASSED, 0.0)
+            for t in range(0, int(now) + 1):
+                reason = referee.step(float(t), monitor.view)
+                if reason is not None:
+                    return reason
+            return None
+        assert judged_at(30) == Reason.TIMEOUT  # seen waiting: a stall, as before
+        channel.lost = True
+        monitor._lose_sight()
+        assert monitor.unseen() == [0] and monitor.view.journals()[0] == []
+        assert judged_at(300) is None
+        assert monitor._report(0, None).state == RankState.UNSEEN
+    finally:
+        monitor.close()
