@@ -46,6 +46,9 @@ from ..core.reports import RankReport
 PREFIX = "pytest-nccl-watch"
 KEEP_CHUNKS = 64        # journal chunks kept per rank: about 3 s of journal at one chunk per tick
 ATTEMPTS = 4            # tries of one store call, each on a fresh client after the first failure
+# how long a watch waits for the channel to come up (its own import of torch, the other watches' and
+# the announcement in the job's store): seconds on an idle host, tens of seconds on a loaded one
+CONNECT_WAIT = 30.0
 
 
 class Channel:
@@ -262,7 +265,7 @@ def _store(host: str, port: int, timeout: float, server: bool = False):
 
 
 def connect(info: dict, decides: Callable[[], bool], timeout: float = 5.0,
-            wait: float = TIMING.agree_wait * 2) -> Channel | None:
+            wait: float = CONNECT_WAIT) -> Channel | None:
     """The channel between the watches of the job a rank belongs to (``info``: its rank-R.json).
 
     The watch of rank 0's node (``decides()``) hosts it: a store of its own, which outlives the job's

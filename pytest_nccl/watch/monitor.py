@@ -27,6 +27,7 @@ from ..core.referee import TIMING, Referee
 from ..core.reports import RankReport
 from ..core.states import RankState, Reason
 from . import jobdir
+from .channel import CONNECT_WAIT
 from .channel import connect as channel_connect
 from .finding import Finding
 from .follow import Followed, LocalRank, RemoteRank, ask_all, fr_progress
@@ -316,12 +317,12 @@ class Monitor:
         ``Timing.agree_wait``), and what they published read, before judging the whole job."""
         if not self.other_nodes:
             return
-        deadline = time.monotonic() + TIMING.agree_wait
+        deadline = time.monotonic() + CONNECT_WAIT  # a loaded host: a verdict late, not a verdict blind
         while self.nodes is None and self._connecting.is_set() and time.monotonic() < deadline:
             time.sleep(TIMING.poll)
         if self.nodes is None:
             return
-        self.nodes.await_synced(self.node_count - 1, deadline)
+        self.nodes.await_synced(self.node_count - 1, time.monotonic() + TIMING.agree_wait)
         now = time.monotonic()
         self._discover(now)
         for f in list(self.ranks.values()):

@@ -21,7 +21,7 @@ from typing import Callable
 from ..core.referee import TIMING
 from ..core.reports import RankReport
 from . import jobdir
-from .channel import Channel
+from .channel import CONNECT_WAIT, Channel
 from .follow import JournalFile
 
 
@@ -57,9 +57,14 @@ class Nodes:
 
     def await_synced(self, others: int, deadline: float) -> None:
         """Wait (until ``deadline``) for ``others`` other watches to have published what their nodes'
-        ranks wrote before they joined: a verdict judges the whole job, not what arrived so far."""
-        while (time.monotonic() < deadline and not self.channel.lost
-               and self.channel.synced_watches() < others + 1):
+        ranks wrote before they joined: a verdict judges the whole job, not what arrived so far. A
+        watch that joined but is not in sync yet (a loaded host) is waited for up to
+        ``CONNECT_WAIT``; one that never joined (no watch on that node) only until ``deadline``."""
+        latest = time.monotonic() + CONNECT_WAIT
+        while not self.channel.lost and self.channel.synced_watches() < others + 1:
+            now = time.monotonic()
+            if now >= latest or (now >= deadline and self.channel.watches() <= self.channel.synced_watches()):
+                return
             time.sleep(TIMING.serve_every)
 
     def _publish(self, rank: int, f) -> None:
