@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -57,8 +58,15 @@ def stop_load(procs: list) -> None:
 def one_round(tests: list, junit: str, env: dict) -> tuple[dict, float]:
     """test id -> (passed, the first line of its failure); the round's seconds."""
     t0 = time.monotonic()
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *tests],
-                   cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
+                             *tests], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # Ctrl-C works
+    try:
+        proc.wait()
+    except KeyboardInterrupt:  # pytest ends its jobs on SIGINT (the watch's, the fork server's)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+        raise
     elapsed = time.monotonic() - t0
     results: dict = {}
     try:
@@ -87,6 +95,10 @@ def main() -> int:
     tests = HEALTHY + FAULTY
     history: dict = {t: [] for t in tests}
     times = []
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt
+    for sig in (signal.SIGTERM, signal.SIGINT):  # a background job starts with SIGINT ignored
+        signal.signal(sig, interrupted)
     load = start_load(args.load)
     print(f"soak: {args.rounds} rounds of {len(tests)} tests ({len(HEALTHY)} healthy jobs, {len(FAULTY)} faulty), "
           f"{args.load} load process(es) on {os.cpu_count()} cores", flush=True)
