@@ -7,9 +7,10 @@ itself. A benchmark, not a timed test: it counts, it does not gate.
 - a **flaky outcome**: a faulty job's test failed in some round and passed in another (its verdict
   changed); one that fails every round is counted apart (broken, not flaky).
 
-Run:  python benchmarks/soak_watch.py [--rounds 20] [--load N] [--json FILE]
+Run:  python benchmarks/soak_watch.py [--rounds 20] [--load N] [--json FILE] [--gate]
 (``--load``: busy processes, default one per core minus one: with the tests themselves, every core
-is busy). Prints one line per round and the counts at the end; exit status 0 always.
+is busy). Prints one line per round and the counts at the end; exit status 0, or with ``--gate``
+(.ci/run) 1 when there was a false verdict, a flaky outcome or a faulty job's test failing always.
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--load", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     parser.add_argument("--json", help="write the counts here")
+    parser.add_argument("--gate", action="store_true",
+                        help="exit 1 on a false verdict or a flaky outcome (CI); else 0 always")
     args = parser.parse_args()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     tests = HEALTHY + FAULTY
@@ -135,7 +138,7 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(counts, f, indent=1)
-    return 0
+    return 1 if args.gate and (false_verdicts or flaky or broken) else 0
 
 
 if __name__ == "__main__":
