@@ -148,17 +148,20 @@ def _shm_names(prefix: str) -> set:
 
 @pytest.mark.parametrize("case", ["good", "bad"])
 def test_deepspeed_launcher(tmp_path, case, deepspeed_ops):
-    launch = [tool("deepspeed"), "--num_gpus=2", f"--master_port={free_port()}",
-              str(JOBS / "deepspeed_job.py"), case]
+    port = free_port()
+    launch = [tool("deepspeed"), "--num_gpus=2", f"--master_port={port}", str(JOBS / "deepspeed_job.py"), case]
     before = _shm_names("deepspeed_")
     run = run_watch(tmp_path, launch, "--timeout", f"{TIMEOUT:g}", timeout=300, DS_ACCELERATOR="cpu",
                     TORCH_EXTENSIONS_DIR=deepspeed_ops)
-    # the ranks' deepspeed_allreduce_buffer_* files: DeepSpeed never unlinks them when its ranks are
-    # ended; the watch that ended them does
+    # the ranks' deepspeed_allreduce_buffer_<...>_<port>_<rank> (66 MB each): DeepSpeed 0.19 unlinks
+    # them neither when its ranks are ended nor when they end on their own
     left = _shm_names("deepspeed_") - before
     if case == "good":
-        untouched(run)
-        assert not left, f"the job left {sorted(left)} in /dev/shm"
+        untouched(run)  # a job that ended on its own keeps what it left: the watch removes nothing
+        leaked = {n for n in left if f"_{port}_" in n}
+        for name in leaked:  # DeepSpeed's own leak, not the watch's: the test cleans up after it
+            os.unlink(f"/dev/shm/{name}")
+        assert left == leaked, f"the job left {sorted(left - leaked)} in /dev/shm"
         return
     verdict_ok(run, TIMEOUT)
     assert gather_headline("deepspeed_job.py") in run.stderr, run.stderr
