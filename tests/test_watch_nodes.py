@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -50,6 +51,9 @@ dist.destroy_process_group()
 """
 
 
+LOCK = threading.Lock()
+
+
 class FakeStore:
     """torch's Store methods the channel uses, in a dict."""
 
@@ -66,9 +70,10 @@ class FakeStore:
         return all(k in self.data for k in keys)
 
     def add(self, key, n):
-        value = int(self.data.get(key, b"0")) + n
-        self.data[key] = str(value).encode()
-        return value
+        with LOCK:  # the relay threads of several watches share it
+            value = int(self.data.get(key, b"0")) + n
+            self.data[key] = str(value).encode()
+            return value
 
     def delete_key(self, key):
         return self.data.pop(key, None) is not None
@@ -105,7 +110,6 @@ def test_exit_reports_progress_info_and_the_verdict_travel_whole():
 
 
 def test_a_question_for_a_rank_is_answered_by_its_node_s_watch():
-    import threading
     store = FakeStore()
     asking, owning = Channel(store, "j/0"), Channel(store, "j/0")
 
@@ -144,6 +148,24 @@ def test_a_store_hiccup_is_retried_on_a_fresh_client_and_the_channel_stays():
     Channel(store, "j/0").push(1, b"E\t...\n")
     channel = Channel(Broken(), "j/0", reopen=lambda: store)
     assert channel.pull(1, 0) == (1, b"E\t...\n") and not channel.lost and channel.errors == 1
+
+
+def test_the_deciding_watch_judges_after_every_watch_published_up_to_now():
+    """Before judging, the deciding watch asks the others to publish what their ranks wrote up to now
+    and waits for each (a loaded host: a relay seconds behind the rank that entered the diverging
+    collective gave a one-node verdict); its own relay answers too."""
+    from pytest_nccl.watch.nodes import Nodes
+    store = FakeStore()
+    deciding = Nodes(Channel(store, "j/0"), local=lambda: {}, ended=lambda rank: None)
+    other = Nodes(Channel(store, "j/0"), local=lambda: {}, ended=lambda rank: None)
+    try:
+        t0 = time.monotonic()
+        deciding.await_synced(1, time.monotonic() + 5)
+        assert deciding.channel.flush_requests() == 1 and deciding.channel.flushed_watches(1) == 2
+        assert time.monotonic() - t0 < 5
+    finally:
+        other.close()
+        deciding.close()
 
 
 # -- real jobs: two torchrun nodes on one host, each under its own watch --------------------------------

@@ -19,6 +19,8 @@ theirs, under ``pytest-nccl-watch/<job>/``:
     watches                how many watches follow the job (each adds one when it joins)
     synced                 how many of them have published what their ranks wrote before they
                            joined (a watch that decides waits for the others to be in sync)
+    flush                  how many times a deciding watch asked the others to publish what their
+                           ranks wrote up to now; flushed/<n>: how many did, for request n
     verdict                the deciding watch's finding (pickled), the same on every node
     verdict-taken          how many other watches have it (the deciding watch's store lives on
                            the launcher of its node: it ends that job once every watch has it)
@@ -200,6 +202,19 @@ class Channel:
 
     def synced_watches(self) -> int:
         return self._add("synced", 0)
+
+    def request_flush(self) -> int:
+        """Ask every other watch to publish what its ranks wrote up to now; the request's number."""
+        return self._add("flush", 1)
+
+    def flush_requests(self) -> int:
+        return self._add("flush", 0)
+
+    def flushed(self, number: int) -> None:
+        self._add(f"flushed/{number}", 1)
+
+    def flushed_watches(self, number: int) -> int:
+        return self._add(f"flushed/{number}", 0)
 
     def acknowledge(self) -> None:
         """This watch has the verdict: the deciding watch may exit, and the channel with it."""
