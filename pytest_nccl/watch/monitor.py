@@ -175,6 +175,7 @@ class Monitor:
 
     def _reach_other_nodes(self, info: dict) -> None:
         try:
+            _debug("ranks on other nodes: reaching their watches")
             channel = self.connect(info, lambda: 0 in self.local_ranks())
             _debug(f"ranks on other nodes; their watches {'reached' if channel else 'out of reach'}")
             if channel is None or self._stop.is_set():
@@ -182,6 +183,8 @@ class Monitor:
             for rank, f in self.local_ranks().items():
                 channel.publish_info(rank, f.info)
             self.nodes = Nodes(channel, self.local_ranks, self._ended_report)
+        except Exception as exc:  # said, and on with what this watch sees itself
+            _debug(f"the channel to the other nodes: {type(exc).__name__}: {exc}")
         finally:
             self._connecting.clear()
 
@@ -388,6 +391,9 @@ class Monitor:
 
 
 def _import_torch_distributed() -> None:
+    # before torch loads (the job was started already: its environment is its own): torch's C++ log
+    # would print each failed connection to the job's store with a 30-line stack, before the verdict
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     try:
         import torch.distributed  # noqa: F401
     except Exception:
