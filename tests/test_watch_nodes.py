@@ -39,7 +39,8 @@ case = sys.argv[1]
 last = world - 1                                        # a rank of the last node
 t = torch.ones(2)
 for step in range(1, 9):
-    time.sleep(0.5 if step < 6 else 0)                  # a job that trains a while, then fails
+    time.sleep(1.0 if step < 6 else 0)                  # a job that trains a while (5 s: the watches, which
+                                                        # import torch to reach each other, are up), then fails
     if case == "slow" and step == 6 and rank == last:
         time.sleep(120)                                 # the slow rank
     if case == "shape" and step == 6:
