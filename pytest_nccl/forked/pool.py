@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 from typing import Callable
@@ -24,6 +25,7 @@ class GroupPool:
         if workdir_parent is None and os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
             workdir_parent = "/dev/shm"
         self.workdir = tempfile.mkdtemp(prefix="pytest-nccl-", dir=workdir_parent)
+        self._sweeper = _sweeper(self.workdir)
         self.preload = list(preload)
         self.trace = trace
         self.zygote: Zygote | None = None
@@ -122,3 +124,21 @@ class GroupPool:
             self.zygote.close()
             self.zygote = None
         shutil.rmtree(self.workdir, ignore_errors=True)
+        if self._sweeper is not None and self._sweeper.stdin is not None:
+            self._sweeper.stdin.close()  # it removes nothing now, and exits
+            self._sweeper.wait()
+            self._sweeper = None
+
+
+def _sweeper(workdir: str) -> subprocess.Popen | None:
+    """A shell that removes ``workdir`` once this process is gone, however it ends: pytest killed by
+    SIGKILL runs no cleanup, and the fork server and the ranks die with it (PR_SET_PDEATHSIG), so
+    nothing else would remove the journals from /dev/shm. It waits for the end of its stdin, a pipe
+    only this process holds (not inherited: Python's pipes are close-on-exec). A clean environment:
+    it is no process of the session's."""
+    try:
+        return subprocess.Popen(["sh", "-c", 'cat >/dev/null; rm -rf -- "$0"', workdir], stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    except OSError:
+        return None

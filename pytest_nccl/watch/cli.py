@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 
+from ..core.diagnosis.wording import rank_list
 from ..core.referee import TIMING
 from ..core.sites import headline_site
 from ..core.states import Reason
@@ -180,8 +181,15 @@ class Watch:
         self.peers_missing = ""
 
     def run(self) -> int:
-        args = self.args
         control.become_subreaper()
+        guardian = control.guard(self.dir)  # ends the job if this watch is killed (SIGKILL)
+        try:
+            return self._run()
+        finally:  # a job still running here (the watch failed): the guardian ends it
+            guardian.done(clean=not control.descendants())
+
+    def _run(self) -> int:
+        args = self.args
         signals = _Signals()
         try:
             launcher = control.launch(self.command, job_env(self.dir))
@@ -246,6 +254,7 @@ class Watch:
                 break
             if now >= next_reap:
                 control.reap(launcher)
+                control.note_shm()
                 next_reap = now + 1.0
             wake = self.monitor.wake_at(now) if not (self.kept or self.attempt_done) else now + 0.2
             time.sleep(min(0.2, max(0.02, wake - time.monotonic())))
@@ -337,6 +346,9 @@ class Watch:
                 finding = self.monitor.agree(finding)
                 self._report(finding, title=f"the job ended on its own (exit status {job_code}); its journals show")
                 self.finding = finding
+            elif self.monitor.unseen() and not self.args.quiet:  # said, never a verdict
+                say(f"{PROG}: {rank_list(self.monitor.unseen())} (on another node) could not be followed to "
+                    "the end: the channel to that node's watch ended; this node's ranks ended cleanly")
             elif self.monitor.referee is None and not self.earlier:
                 torch_processes = sum(1 for n in _listdir(self.dir) if n.startswith("torch-"))
                 say(f"{PROG}: {no_rank_line(torch_processes)}")

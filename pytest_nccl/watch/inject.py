@@ -69,6 +69,8 @@ def after_torch() -> None:
         tracer.install()
         _wrap_init_process_group()
         _when_imported(ELASTIC_AGENT, _wrap_rendezvous)
+        from . import fold
+        _when_imported(fold.SIGNAL_EXCEPTION, fold.install)  # torchrun's traceback of our SIGTERM
         os.makedirs(base, exist_ok=True)  # a test's directory is made by the first process that needs it
         jobdir.touch(jobdir.torch_marker(base, os.getpid()))
     except Exception as exc:
