@@ -271,6 +271,11 @@ class Watch:
         if elsewhere is not None or reason in (Reason.DECIDED, Reason.TIMEOUT):
             finding = elsewhere or monitor.agree(monitor.conclude(reason or Reason.DECIDED, time.monotonic()))
             attempt = self._attempt()
+            if finding.diagnosis is None:
+                # every rank had finished clean by the time the reports were taken: nothing to act
+                # on; the launcher's own end is the job's (a loaded host's slow exit barrier)
+                self.attempt_done = True
+                return False
             action = on_verdict(finding.diagnosis, attempt, self.args.keep_running)
             if action == Action.FOLLOW_NEXT_ATTEMPT:
                 self._report_attempt(finding, attempt)
