@@ -59,7 +59,9 @@ class CallTrace:
     def __init__(self, journal_path: str):
         self.writer = JournalWriter(journal_path)
         self.fd = self.writer.fd  # the hot paths write lines themselves (journal.py documents the format)
-        self.default_pg = c10d._get_default_group()
+        # an adopted test creates its default group inside the call: None until then (group=None and
+        # GroupMember.WORLD name it "default" either way)
+        self.default_pg = c10d._get_default_group() if dist.is_initialized() else None
         self.t0 = perf_counter()
         self.t0_ns = perf_counter_ns()
         default = GroupTrace("default", "", self.default_pg)
