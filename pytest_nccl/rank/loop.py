@@ -137,7 +137,7 @@ def run_call(call: Call, rank: int) -> RankReport:
                           message=f"cannot load {call.module}.{call.qualname} in rank {rank}: "
                                   f"{type(exc).__name__}: {exc}")
     if call.trace:
-        tracer.start(os.path.join(call.journal_dir, f"journal-{rank}.txt"))
+        tracer.start(os.path.join(call.journal_dir, f"journal-{rank}.txt"), raise_leaves=call.adopted is not None)
     status, value, exc_type, exc_text, message = RankState.PASSED, None, "", "", ""
     try:
         value = fn(*args, **kwargs)

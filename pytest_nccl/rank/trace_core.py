@@ -54,7 +54,7 @@ class CallTrace:
 
     __slots__ = ("writer", "fd", "t0", "t0_ns", "default_pg", "by_id", "by_name", "by_label", "async_pending",
                  "functional", "outside", "side_count", "site_frame", "site_back", "site_lasti", "site_text", "sites",
-                 "pending", "flushed")
+                 "pending", "flushed", "raise_leaves")
 
     def __init__(self, journal_path: str):
         self.writer = JournalWriter(journal_path)
@@ -82,6 +82,7 @@ class CallTrace:
         # is not).
         self.pending: bytes | None = None
         self.flushed: bytes | None = None
+        self.raise_leaves = False  # a collective that raised is journaled as completed (tracer.start)
 
 
 active: CallTrace | None = None

@@ -96,6 +96,10 @@ def {name}({params}):
     local.inside = True
     try:
         result = fn({call})
+    except BaseException:
+        if trace.raise_leaves:  # the rank is out of it: a test that expects the error goes on
+            write(trace.fd, c_line % (c_start, seq, perf_counter_ns() - trace.t0_ns))
+        raise
     finally:
         local.inside = False
     if async_op_ and result is not None:
@@ -229,12 +233,15 @@ def install() -> None:
     _installed = True
 
 
-def start(journal_path: str) -> None:
+def start(journal_path: str, raise_leaves: bool = False) -> None:
     """A fresh journal for one call. Frames from the caller down (the rank loop) are the harness:
-    call sites stop there."""
+    call sites stop there. ``raise_leaves``: a collective that raised is journaled as left (an
+    adopted test of torch's suites catches the errors it provokes, as a monitored_barrier's timeout,
+    and goes on); otherwise it stays entered, where the rank raised."""
     trace_sites.mark_boundary(sys._getframe(1).f_code)
     core.start_flusher()
     core.active = core.CallTrace(journal_path)
+    core.active.raise_leaves = raise_leaves
 
 
 def stop() -> tuple[dict[str, tuple], int]:
