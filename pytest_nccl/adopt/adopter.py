@@ -108,6 +108,7 @@ class Adopter:
     # -- which instance is being run ------------------------------------------------------------------
     def running(self, item) -> None:
         verdict = item.stash.get(ADOPTED_KEY, None)
+        self.starts.clear()  # a test whose setUp started ranks and then skipped never joined them
         self.current = item if verdict is not None and verdict.adopted and isinstance(item, pytest.Function) else None
 
     def owns(self, instance) -> bool:

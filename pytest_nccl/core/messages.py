@@ -3,7 +3,8 @@ travels where. Plain picklable data (standard library only: every rank imports i
 dispatches on the message's class to one handler.
 
 Forked ranks: one unix socket per rank, pickled (``forked/group.py`` <-> ``rank/loop.py``)
-    controller -> rank   RunCall(call)            run a test body or an ``nccl_world.run`` function
+    controller -> rank   RunCall(call)            run a test body, an ``nccl_world.run`` function, or an
+                                                  adopted test (``AdoptedTest``: its class's own rank entry)
                          DumpRequest()            stacks and Flight Recorder, answered while stuck
     rank -> controller   Hello(rank, pid)         connected, before joining the process group
                          Joined(rank)             in the process group

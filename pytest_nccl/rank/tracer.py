@@ -44,6 +44,8 @@ def {name}({params}):
     if trace is None or local.inside:
         return fn({call})
     group = {group}
+    if group is non_member:  # this rank is not in the group: c10d returns at once, nothing to journal
+        return fn({call})
     g = trace.by_id.get(id(group))
     if g is None:
         g = core.group_trace(trace, group)
@@ -171,7 +173,7 @@ def _wrap(name: str, fn):
         return core.call_fields(g, name, shapes, dtype, extra, agreed=not p2p and not split)
 
     namespace = {
-        "core": core, "local": local, "fn": fn, "Tensor": torch.Tensor, "memo": {}, "keyed": keyed is not None,
+        "core": core, "local": local, "fn": fn, "non_member": getattr(c10d.GroupMember, "NON_GROUP_MEMBER", object()), "Tensor": torch.Tensor, "memo": {}, "keyed": keyed is not None,
         "describe_call": describe_call, "p2p": p2p, "crc32": zlib.crc32, "perf_counter_ns": perf_counter_ns,
         "site_of": trace_sites.site_of, "getframe": sys._getframe, "E_LINE": E_LINE, "E_LINE_NO_FR": E_LINE_NO_FR,
         "mid_sync": f"\t{name}\t0\t".encode(), "mid_async": f"\t{name}\t1\t".encode(), "write": os.write,
