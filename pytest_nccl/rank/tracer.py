@@ -177,7 +177,8 @@ def _wrap(name: str, fn):
         return core.call_fields(g, name, shapes, dtype, extra, agreed=not p2p and not split)
 
     namespace = {
-        "core": core, "local": local, "fn": fn, "non_member": _NON_MEMBER, "Tensor": torch.Tensor, "memo": {}, "keyed": keyed is not None,
+        "core": core, "local": local, "fn": fn, "non_member": _NON_MEMBER, "Tensor": torch.Tensor, "memo": {},
+        "keyed": keyed is not None,
         "describe_call": describe_call, "p2p": p2p, "crc32": zlib.crc32, "perf_counter_ns": perf_counter_ns,
         "site_of": trace_sites.site_of, "getframe": sys._getframe, "E_LINE": E_LINE, "E_LINE_NO_FR": E_LINE_NO_FR,
         "mid_sync": f"\t{name}\t0\t".encode(), "mid_async": f"\t{name}\t1\t".encode(), "write": os.write,
