@@ -184,6 +184,9 @@ class Adopter:
         call = Call(0, CallKind.ADOPTED, module.__name__, getattr(module, "__file__", "") or "",
                     f"{test.class_name}.{test.test_name}", nodeid=item.nodeid, adopted=test)
         group = mode.group(call, world, placement, budget, own_group=own_group)
+        # the fork server's settings (gloo on the loopback interface, OMP_NUM_THREADS) unless the
+        # session set them: its zygote_env reads them from this environment first
+        test.environ = {**test.environ, **mode.get_pool().zygote_env}
         if continuous is not None and continuous.group is not group:
             # fresh ranks (the first test, or after a failure): a new rendezvous for _init_pg
             _remove(continuous.rdvz_file)
