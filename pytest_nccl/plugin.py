@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from .adopt.adopter import ADOPTED_KEY, ADOPTER_KEY, Adopter
 from .errors import DistributedTestFailure, NcclUsageError, RankSetupError
 from .launched import LAUNCHED_KEY, PREVIOUS_SIGTERM, Launched, off_reason
 from .session import OUTCOME_KEY, SESSION_KEY, STARTED_KEY, NcclSession, junit_writer
@@ -65,6 +66,13 @@ def pytest_configure(config: pytest.Config) -> None:
     session.mode = spmd.configure(config, session) or ForkedMode(session)
     # ranks a test starts itself (torchrun, mp.spawn, debug_launcher): traced and judged (launched.py)
     config.stash[LAUNCHED_KEY] = Launched(session, off_reason(session, not isinstance(session.mode, ForkedMode)))
+    # tests written for torch's MultiProcessTestCase family: their ranks from the fork server (adopt/)
+    forked = session.mode if isinstance(session.mode, ForkedMode) else None
+    adopter = config.stash[ADOPTER_KEY] = Adopter(session, forked)
+    if not settings.adopt:
+        adopter.off = "--nccl-adopt=off"
+    elif forked is None:
+        adopter.off = "SPMD mode: this process is one rank"
 
 
 def _usage_error(config: pytest.Config, message: str):
@@ -110,6 +118,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
     if session is not None:
         session.close()
+    adopter = config.stash.get(ADOPTER_KEY, None)
+    if adopter is not None:
+        adopter.close()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
@@ -135,10 +146,21 @@ def pytest_collection(session):
         raise
 
 
+def pytest_pycollect_makeitem(collector, name, obj) -> None:
+    if isinstance(obj, type):
+        adopter = collector.config.stash.get(ADOPTER_KEY, None)
+        if adopter is not None:
+            adopter.class_collected(obj)
+
+
+@pytest.hookimpl(trylast=True)  # the final selection, after -k and -m deselected items
 def pytest_collection_modifyitems(session, config, items) -> None:
     nccl = config.stash.get(SESSION_KEY, None)
     if nccl is None:
         return
+    adopter = config.stash.get(ADOPTER_KEY, None)
+    if adopter is not None:  # which tests of torch's harness classes are adopted
+        adopter.collected(items)
     reason = unsupported_platform()
     for item in items:
         if reason is not None and item.get_closest_marker("nccl") is not None:
@@ -166,6 +188,11 @@ def pytest_sessionstart(session) -> None:
     if nccl is not None and _runs_tests(session.config):
         nccl.mode.session_started(session)
     _junit_and_gate_start(session)
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> list[str] | None:
+    adopter = config.stash.get(ADOPTER_KEY, None)
+    return adopter.report_lines() if adopter is not None else None
 
 
 @pytest.hookimpl(trylast=True)
@@ -207,6 +234,16 @@ def nccl_world(request):
 def pytest_runtest_protocol(item, nextitem):
     # pytest-timeout starts its clock here too (unless func_only): our bound is what it leaves
     item.stash[STARTED_KEY] = time.monotonic()
+    adopter = item.config.stash.get(ADOPTER_KEY, None)
+    if adopter is not None:
+        adopter.running(item)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem) -> None:
+    adopter = item.config.stash.get(ADOPTER_KEY, None)
+    if adopter is not None:
+        adopter.finished(item, nextitem)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -230,7 +267,9 @@ def pytest_runtest_call(item):
     it runs, and a hang or desync among them is its failure (launched.py)."""
     __tracebackhide__ = True
     launched = item.config.stash.get(LAUNCHED_KEY, None)
-    call = launched.before(item) if launched is not None else None
+    adopted = item.stash.get(ADOPTED_KEY, None)
+    # an adopted test's ranks are the fork server's, judged by its own call (adopt/)
+    call = launched.before(item) if launched is not None and not (adopted and adopted.adopted) else None
     if call is None:
         return (yield)
     try:

@@ -3,7 +3,8 @@ travels where. Plain picklable data (standard library only: every rank imports i
 dispatches on the message's class to one handler.
 
 Forked ranks: one unix socket per rank, pickled (``forked/group.py`` <-> ``rank/loop.py``)
-    controller -> rank   RunCall(call)            run a test body or an ``nccl_world.run`` function
+    controller -> rank   RunCall(call)            run a test body, an ``nccl_world.run`` function, or an
+                                                  adopted test (``AdoptedTest``: its class's own rank entry)
                          DumpRequest()            stacks and Flight Recorder, answered while stuck
     rank -> controller   Hello(rank, pid)         connected, before joining the process group
                          Joined(rank)             in the process group
@@ -54,6 +55,29 @@ class CallKind(str, enum.Enum):
     """What a call runs on the ranks."""
     TEST = "test"          # a test function marked nccl: its return value is ignored
     FUNCTION = "fn"        # nccl_world.run(fn): the return value is sent back, pickled
+    ADOPTED = "adopted"    # a test of torch's MultiProcessTestCase family: its class's own per-rank entry
+
+
+class Harness(str, enum.Enum):
+    """Which of torch's harnesses an adopted test class uses (``adopt/``)."""
+    PROCESS = "MultiProcessTestCase"        # fresh ranks per test, running ``cls._run``
+    CONTINUOUS = "MultiProcContinuousTest"  # one group per class: ``_init_pg`` once, then each test
+    THREADED = "MultiThreadedTestCase"      # ranks as threads: never adopted
+
+
+@dataclass
+class AdoptedTest:
+    """What a rank needs to run one adopted test (the payload of a ``CallKind.ADOPTED`` call):
+    the class's own per-rank entry, with what torch's harness would have given a spawned rank."""
+    harness: Harness
+    class_name: str           # the class's name in its module (the name pytest collected it by)
+    test_name: str            # the method
+    test_id: str              # unittest's id() (MultiProcContinuousTest's workers are sent it)
+    world: int
+    file_name: str = ""       # MultiProcessTestCase: the file the controller's setUp made
+    rdvz_file: str = ""       # MultiProcContinuousTest: the class's rendezvous file
+    environ: dict = field(default_factory=dict)   # the controller's environment when ranks started
+    kwargs: dict = field(default_factory=dict)    # more arguments of ``_run`` (fake_pg)
 
 
 @dataclass
@@ -69,6 +93,7 @@ class Call:
     sys_path: list = field(default_factory=list)
     nodeid: str = ""
     rank_args: list = field(default_factory=list)  # fixtures whose values only a rank has
+    adopted: AdoptedTest | None = None             # CallKind.ADOPTED: what to run
 
 
 # -- forked ranks ----------------------------------------------------------------------------------
@@ -131,6 +156,7 @@ class RankSpec:
     env: dict = field(default_factory=dict)   # more environment (CUDA_VISIBLE_DEVICES, ...)
     run_id: str = "pytest-nccl"
     cuda_device: int | None = None             # the current CUDA device of a rank that shares GPUs
+    own_group: bool = False    # adopted tests: the test creates its process group itself, not the rank
 
 
 # -- the fork server ----------------------------------------------------------------------------------

@@ -66,20 +66,24 @@ class GroupPool:
         if new and self.zygote is not None and self.zygote.proc.poll() is None:
             self.zygote.import_modules(new, wait=False, environ={**os.environ, **self.zygote_env})
 
-    def get(self, world: int, placement, timeout: float, deadline: float) -> RankGroup:
+    def get(self, world: int, placement, timeout: float, deadline: float, own_group: str | None = None) -> RankGroup:
         """A healthy group of this shape: the warm one after a health check, else a fresh one.
         ``placement`` (placement.Placement): the backend, and whether each rank gets a GPU of its
-        own (leased), shares the host's GPUs (no lease: gloo asked for by name) or sees no CUDA."""
+        own (leased), shares the host's GPUs (no lease: gloo asked for by name) or sees no CUDA.
+        ``own_group``: ranks for adopted tests of that class, which create their process group
+        themselves and see the devices this process sees."""
         zygote = self.ensure_zygote()
-        key = (world, placement.backend, placement.gpus, placement.shared_gpus, timeout)
+        key = (world, placement.backend, placement.gpus, placement.shared_gpus, timeout, own_group)
         if self.group is not None:
             if self.group.key == key and self.group.healthy:
                 if self.group.health_check():
                     return self.group
             self.release()
         gpu_ids = None
-        rank_env = {}
-        if placement.gpus:
+        rank_env: dict = {}
+        if own_group is not None:
+            pass  # as torch's harness starts them: the test picks its backend and devices
+        elif placement.gpus:
             assert self.gpu_leaser is not None, "a pool made without a GPU leaser runs CPU groups only"
             if callable(self.gpu_leaser):
                 self.gpu_leaser = self.gpu_leaser()  # made when a group first needs GPUs
@@ -91,7 +95,8 @@ class GroupPool:
         elif not placement.shared_gpus:
             rank_env["CUDA_VISIBLE_DEVICES"] = ""  # gloo without a GPU per rank: the CPU path
         self.group = RankGroup(zygote, world, placement.backend, timeout, self.workdir, gpu_ids, rank_env,
-                               placement.device_of)
+                               None if own_group is not None else placement.device_of,
+                               own_group=own_group is not None)
         self.group.key = key
         started = time.monotonic()
         try:
