@@ -222,6 +222,9 @@ def test_shape_mismatch_and_its_trace_directory(tmp_path):
     assert json.loads(Path(files[0]).read_text())["diagnosis"]["headline"] == headline
     assert "traceEvents" in json.loads(Path(base + ".trace.json").read_text())
     assert "shape mismatch in all_reduce #4" in Path(base + ".html").read_text()
+    # torchrun's own ~25-line traceback of the watch's SIGTERM is one line; the job's output is all there
+    assert "SignalException" in run.stderr and "(the watch ended the job; traceback folded)" in run.stderr
+    assert "Traceback" not in run.stderr.split("diagnosed; ending the job")[1].split("=" * 20)[0], run.stderr
 
 
 def test_every_rank_stuck_past_the_timeout(tmp_path):

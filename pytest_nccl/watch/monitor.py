@@ -20,20 +20,18 @@ from typing import Callable
 
 from ..core.call import CallDriver, Dumps, flight_recorder_merged
 from ..core.diagnosis.wording import JOB
-from ..core.exits import decode_wait_status
 from ..core.flight import with_flight_recorder
 from ..core.records import RankView
 from ..core.referee import TIMING, Referee
 from ..core.reports import CallOutcome, RankReport
 from ..core.states import RankState, Reason
 from . import jobdir
+from .channel import CONNECT_WAIT
 from .channel import connect as channel_connect
 from .follow import Followed, LocalRank, RemoteRank, ask_all, fr_progress
 from .nodes import Nodes
+from .rankreport import report_of
 from .window import Window
-
-FATAL_SIGNALS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
-                 "Floating point exception": "SIGFPE", "Illegal instruction": "SIGILL"}
 
 
 class JobView:
@@ -46,8 +44,8 @@ class JobView:
 
     # -- the referee's CallView --------------------------------------------------------------------------
     def journals(self) -> dict:
-        ranks = self.m.ranks
-        return {r: ranks[r].records if r in ranks else [] for r in range(self.m.world)}
+        ranks = self.m.ranks  # a rank this watch lost sight of is where it was last seen: no evidence
+        return {r: ranks[r].records if r in ranks and not ranks[r].unseen else [] for r in range(self.m.world)}
 
     def journal_sizes(self) -> list:
         ranks = self.m.ranks
@@ -149,6 +147,7 @@ class Monitor:
             self._read(f)
         self.window.trim(self.ranks, self.world)
         self._finished(now)
+        self._lose_sight()
         reason = self._driver().step(now)
         if reason is not None:
             _debug(f"referee: {reason}")
@@ -215,6 +214,7 @@ class Monitor:
 
     def _reach_other_nodes(self, info: dict) -> None:
         try:
+            _debug("ranks on other nodes: reaching their watches")
             channel = self.connect(info, lambda: 0 in self.local_ranks())
             _debug(f"ranks on other nodes; their watches {'reached' if channel else 'out of reach'}")
             if channel is None or self._stop.is_set():
@@ -222,6 +222,8 @@ class Monitor:
             for rank, f in self.local_ranks().items():
                 channel.publish_info(rank, f.info)
             self.nodes = Nodes(channel, self.local_ranks, self._ended_report)
+        except Exception as exc:  # said, and on with what this watch sees itself
+            _debug(f"the channel to the other nodes: {type(exc).__name__}: {exc}")
         finally:
             self._connecting.clear()
 
@@ -252,6 +254,21 @@ class Monitor:
             f.state = record.state if record.state in (RankState.PASSED, RankState.FAILED) else RankState.DEAD
             f.finished_at = now
             self._referee().finished(f.rank, f.state, now)
+
+    def _lose_sight(self) -> None:
+        """The channel to the other nodes' watches ended (their deciding watch exited, or its store
+        failed past every retry): their ranks still running are unseen from now on, neither running
+        nor finished, so that where they were last seen is never taken for a hang."""
+        if self.nodes is None or not self.nodes.channel.lost:
+            return
+        for f in self.ranks.values():
+            if not f.local and f.state is None and not f.unseen:
+                f.unseen = True
+                _debug(f"rank {f.rank}: lost sight of it (the channel ended)")
+
+    def unseen(self) -> list[int]:
+        """Ranks of other nodes this watch lost sight of before they ended."""
+        return sorted(r for r, f in self.ranks.items() if f.unseen and f.state is None)
 
     def _poll_status(self) -> None:
         while not self._stop.wait(TIMING.status_every):
@@ -342,12 +359,12 @@ class Monitor:
         ``Timing.agree_wait``), and what they published read, before judging the whole job."""
         if not self.other_nodes:
             return
-        deadline = time.monotonic() + TIMING.agree_wait
+        deadline = time.monotonic() + CONNECT_WAIT  # a loaded host: a verdict late, not a verdict blind
         while self.nodes is None and self._connecting.is_set() and time.monotonic() < deadline:
             time.sleep(TIMING.poll)
         if self.nodes is None:
             return
-        self.nodes.await_synced(self.node_count - 1, deadline)
+        self.nodes.await_synced(self.node_count - 1, time.monotonic() + TIMING.agree_wait)
         now = time.monotonic()
         self._discover(now)
         for f in list(self.ranks.values()):
@@ -356,33 +373,13 @@ class Monitor:
         self._finished(now)
 
     def _report(self, r: int, answer: dict | None) -> RankReport:
-        """What the watch knows of rank ``r``: its exit record, or what it saw from outside."""
-        f = self.ranks.get(r)
-        if f is None and self.other_nodes:
-            return RankReport(r, RankState.UNSEEN, message="runs on another node, which this watch cannot see")
-        if f is None:
-            return RankReport(r, RankState.NOT_STARTED, message="never created the default process group")
-        report = RankReport(r, f.state or RankState.RUNNING)
-        if f.exit is not None:
-            report.exc_type, report.exc_text, report.message = f.exit.exc_type, f.exit.exc_text, f.exit.message
-            if not f.local:  # its node's watch saw how it ended
-                report.stack, report.exit_code, report.signal_name = f.exit.stack, f.exit.exit_code, f.exit.signal_name
-        if f.finished_at is not None:
-            report.finished_at = f.finished_at - self.t0
-        if answer:
-            report.stack = answer.get("stack") or ""
-        if report.state == RankState.DEAD and f.local:
-            fatal = f.source.fatal()
-            if fatal:
-                report.stack = fatal[-6000:]
-                report.signal_name = next((sig for text, sig in FATAL_SIGNALS.items()
-                                           if f"Fatal Python error: {text}" in fatal), None)
-            if f.source.exit_code is not None and report.signal_name is None:
-                report.exit_code, report.signal_name = decode_wait_status(f.source.exit_code)
-        return report
+        return report_of(r, self.ranks.get(r), answer, self.t0, self.other_nodes)
 
 
 def _import_torch_distributed() -> None:
+    # before torch loads (the job was started already: its environment is its own): torch's C++ log
+    # would print each failed connection to the job's store with a 30-line stack, before the verdict
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     try:
         import torch.distributed  # noqa: F401
     except Exception:
