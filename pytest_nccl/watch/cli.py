@@ -30,10 +30,10 @@ import time
 
 from ..core.diagnosis.wording import rank_list
 from ..core.referee import TIMING
+from ..core.reports import CallOutcome
 from ..core.sites import headline_site
 from ..core.states import Reason
 from . import control, jobdir, present
-from .finding import Finding
 from .leftovers import NOTE_EVERY
 from .monitor import Monitor
 from .outcome import (  # noqa: F401  (the statuses, named where they were)
@@ -76,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                    help="how long ranks may wait in a collective while no rank makes progress before it "
                         "is a hang (or a slow rank), and in init_process_group for peers; default 300")
-    p.add_argument("--trace-dir", metavar="DIR", help="write the trace (JSON) and the ranks' Flight "
-                   "Recorder dumps here on a verdict")
+    p.add_argument("--trace-dir", metavar="DIR", help="write the trace (JSON), the ranks' Flight "
+                   "Recorder dumps, a Perfetto trace (.trace.json) and the swimlane page (.html) here on a verdict")
     p.add_argument("--keep-running", action="store_true",
                    help="on a verdict, report but leave the job running (to attach a debugger)")
     p.add_argument("--quiet", action="store_true", help="print only the headline of a verdict")
@@ -171,7 +171,7 @@ class Watch:
 
     def __init__(self, args, command: list, directory: str):
         self.args, self.command, self.dir = args, command, directory
-        self.finding: Finding | None = None  # the verdict the exit status stands for
+        self.finding: CallOutcome | None = None  # the verdict the exit status stands for
         self.kept = False               # reported with --keep-running: the job goes on
         self.ended_by_watch = False
         self.trace_files: list = []
@@ -311,7 +311,7 @@ class Watch:
             self.ended_by_watch = True
         return False
 
-    def _end_job(self, launcher, finding: Finding | None = None) -> None:
+    def _end_job(self, launcher, finding: CallOutcome | None = None) -> None:
         """End the job on a verdict (a test's job is every process the test started: ``intest``)."""
         control.end(launcher, TIMING.job_term_wait)
 
@@ -381,7 +381,7 @@ class Watch:
         present.to_absolute(finding, timeout)
         if self.args.trace_dir:
             try:
-                written = present.write_trace(self.args.trace_dir, finding, timeout)
+                written = present.write_trace(self.args.trace_dir, finding, lambda text: say(f"{PROG}: {text}"))
             except OSError as exc:
                 say(f"{PROG}: cannot write the trace to {self.args.trace_dir}: {exc}")
             else:
