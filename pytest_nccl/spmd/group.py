@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
-from ..core.referee import TIMING
+from ..core.referee import TIMING as RULES
 from ..core.states import Backend
 from ..errors import RankSetupError
 from .release import abort_connections
 from .store import BYE, DONE, LEFT, poll, safe_set
+from .timing import TIMING
 
 if TYPE_CHECKING:  # torch is imported when a rank connects, not when pytest loads the plugin
     from torch.distributed import Store, TCPStore
@@ -86,7 +87,7 @@ class LaunchedGroup:
         (the verdicts and bounds are the same everywhere), so they meet under the same prefix."""
         import torch
         import torch.distributed as dist
-        want = bound + TIMING.pg_timeout_margin
+        want = bound + RULES.pg_timeout_margin
         initialized = dist.is_initialized()
         if initialized and not self.need_group and self.pg_timeout >= want:
             return

@@ -19,7 +19,6 @@ import pytest
 
 from ..core.agreement import Digest
 from ..core.messages import Collected, Verdict
-from ..core.referee import TIMING
 from ..core.reports import RankReport
 from ..core.states import Backend
 from ..errors import NcclUsageError, RankSetupError
@@ -34,6 +33,7 @@ from .quiet import silence
 from .signals import BoundReached, RankSignals
 from .store import COLLECT, DONE, poll, safe_set
 from .testrun import TestRun, read_fd
+from .timing import TIMING
 from .verdicts import apply_verdict, setup_failure_report
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from ..core.referee import TIMING
+from .timing import TIMING
 
 COLLECT = "collect/{}"
 DONE = "end/done/{}"

@@ -12,12 +12,12 @@ import time
 import traceback
 
 from ..core.messages import Verdict
-from ..core.referee import TIMING
 from ..core.reports import CallResult, RankReport
 from ..core.states import Kind, RankState
 from ..rank.stacks import THREAD_PREFIX, format_stacks
 from .decider import Decider
 from .store import TestKeys, poll
+from .timing import TIMING
 
 
 def read_fd(path: str, offset: int = 0) -> bytes:

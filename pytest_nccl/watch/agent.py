@@ -23,10 +23,10 @@ import socket
 import threading
 import time
 
-from ..core.referee import TIMING
 from ..rank import tracer
 from ..rank.stacks import THREAD_PREFIX, format_stacks
 from . import jobdir
+from .timing import TIMING
 
 
 def alive(pid: int) -> bool:

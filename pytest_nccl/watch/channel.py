@@ -42,8 +42,8 @@ import threading
 import time
 from typing import Callable
 
-from ..core.referee import TIMING
 from ..core.reports import RankReport
+from .timing import TIMING
 
 PREFIX = "pytest-nccl-watch"
 KEEP_CHUNKS = 64        # journal chunks kept per rank: about 3 s of journal at one chunk per tick

@@ -29,7 +29,6 @@ import tempfile
 import time
 
 from ..core.diagnosis.wording import rank_list
-from ..core.referee import TIMING
 from ..core.reports import CallOutcome
 from ..core.sites import headline_site
 from ..core.states import Reason
@@ -49,6 +48,7 @@ from .outcome import (  # noqa: F401  (the statuses, named where they were)
     peers_line,
     waited_for_peers,
 )
+from .timing import TIMING
 
 EXIT_USAGE = 2
 EXIT_CANNOT_EXECUTE = 126

@@ -22,7 +22,7 @@ from ..core.call import CallDriver, Dumps, flight_recorder_merged
 from ..core.diagnosis.wording import JOB
 from ..core.flight import with_flight_recorder
 from ..core.records import RankView
-from ..core.referee import TIMING, Referee
+from ..core.referee import Referee
 from ..core.reports import CallOutcome, RankReport
 from ..core.states import RankState, Reason
 from . import jobdir
@@ -31,6 +31,7 @@ from .channel import connect as channel_connect
 from .follow import Followed, LocalRank, RemoteRank, ask_all, fr_progress
 from .nodes import Nodes
 from .rankreport import report_of
+from .timing import TIMING
 from .window import Window
 
 
@@ -356,7 +357,7 @@ class Monitor:
 
     def _await_other_nodes(self) -> None:
         """On several nodes: the other nodes' watches reached and in sync (within
-        ``Timing.agree_wait``), and what they published read, before judging the whole job."""
+        ``WatchTiming.agree_wait``), and what they published read, before judging the whole job."""
         if not self.other_nodes:
             return
         deadline = time.monotonic() + CONNECT_WAIT  # a loaded host: a verdict late, not a verdict blind
