@@ -3,8 +3,8 @@
 Pure (no torch, no processes, no sockets), like xdist's scheduling policies behind
 ``scheduler/protocol.py``: the forked groups (sockets and journal files) and the SPMD session (the
 launcher's store) are transports that feed it what the ranks reported and the time, and do what it
-says: keep waiting, or collect the stuck ranks' stacks and conclude. Every rule and every timing
-constant lives here, once, and is tested with a fake clock (tests/test_referee.py).
+says: keep waiting, or collect the stuck ranks' stacks and conclude. Every rule and the timing
+constants of the rules live here, once, and are tested with a fake clock (tests/test_referee.py).
 
 The rules, in the order they are applied:
 1. every rank finished: completed;
@@ -18,7 +18,7 @@ The rules, in the order they are applied:
    (op, shape, dtype, root, reduce op or split sizes differ at the same position): decided (NCCL
    would hang there for good);
 6. no journal grew for ``deadlock_quiet`` and some running ranks are in a certain deadlock
-   (``records.stuck_ranks``): point-to-point transfers nobody can pair (a tag, a peer that differs),
+   (``waits.stuck_ranks``): point-to-point transfers nobody can pair (a tag, a peer that differs),
    or collectives of different groups, each waiting for a rank blocked in the other: decided.
 
 A watched job (``pytest-nccl watch``, ``rolling=True``) is not one call but hours of them: there the
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .diagnosis import first_divergence
-from .groups import members_of
+from .groups import GroupId, members_of
 from .records import RankView
 from .states import MISMATCH_KINDS, RankState, Reason, RecordState, Source
 from .waits import P2PIndex, stuck_ranks
@@ -58,7 +58,7 @@ def waits_for_a_finished_rank(journals: dict, live: dict) -> bool:
         current = RankView(rank, records=journals[rank]).current
         if current is None:
             continue
-        if current.pg.endswith(":p2p"):
+        if GroupId.parse(current.pg).p2p:
             if not current.p2p:
                 continue
             index = index or P2PIndex(_running_views(journals, live))

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from ..core.agreement import signature
-from ..core.groups import rank_ranges
+from ..core.groups import GroupId, rank_ranges
 from ..core.journal import JournalWriter
 
 
@@ -37,7 +37,7 @@ class GroupTrace:
                  "p2p_e_line", "p2p_c_line", "g_arg", "fr_seq", "label_b", "p2p_label_b")
 
     def __init__(self, label: str, name: str, pg):
-        self.label, self.p2p_label, self.name, self.pg = label, label + ":p2p", name, pg
+        self.label, self.p2p_label, self.name, self.pg = label, GroupId.parse(label).transfers.label, name, pg
         self.seq = self.p2p_seq = self.digest = 0
         self.splits: list | None = None  # [(seq, "sent/expected")] of its all_to_alls
         # the start of its E and C lines, and its name as an argument: formatted once
@@ -283,8 +283,9 @@ def _add_group(trace: CallTrace, group) -> GroupTrace:
     else:
         label, name = group_label(group, trace)
         if label in trace.by_label:  # another group of this call has that name and ranks (a second mesh)
-            base, _, ranks = label.partition("[")
-            label = f"{base}.pg{name or len(trace.by_label)}[{ranks}" if ranks else f"{base}.{len(trace.by_label)}"
+            gid = GroupId.parse(label)
+            label = (GroupId(f"{gid.name}.pg{name or len(trace.by_label)}", gid.ranks).label if gid.ranks is not None
+                     else f"{gid.name}.{len(trace.by_label)}")
         found = GroupTrace(label, name, group)
         trace.by_label[label] = found
     trace.by_id[id(group)] = found
