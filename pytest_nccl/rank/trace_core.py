@@ -257,7 +257,7 @@ def group_label(group, trace: CallTrace | None = None) -> tuple[str, str]:
     name = str(name)
     try:
         desc = str(getattr(group, "group_desc", "") or "")
-    except Exception:
+    except Exception:  # a C++ property, whatever it raises: the label takes the c10d name
         desc = ""
     if desc.startswith("mesh_") and desc != "mesh_default":
         desc = desc[5:]
@@ -265,7 +265,7 @@ def group_label(group, trace: CallTrace | None = None) -> tuple[str, str]:
     base = f"pg{name}" if desc in _NAMELESS or desc == "default" else desc
     try:
         return f"{base}[{_label_ranks(dist.get_process_group_ranks(group))}]", name
-    except Exception:
+    except Exception:  # c10d's error differs by torch version: a label without ranks
         return base, name
 
 
@@ -355,7 +355,7 @@ def enter(trace: CallTrace, g: GroupTrace, name: str, async_op: bool, fields: tu
             g.digest = zlib.crc32(agreed, g.digest)
     try:
         fr_seq = g.fr_seq() + 1 if g.fr_seq is not None else ""
-    except Exception:
+    except Exception:  # a C++ method, whatever it raises: the field stays empty
         fr_seq = ""
     line = (f"E\t{label}\t{seq}\t{name}\t{1 if async_op else 0}\t{perf_counter_ns() - trace.t0_ns}e-9\t"
             .encode() + described + f"\t{fr_seq}\t{site}\t".encode() + extra + b"\n")

@@ -65,7 +65,7 @@ class LaunchedGroup:
             self.store = dist.PrefixStore(prefix, self._base)
             self.wstore = dist.PrefixStore(prefix, client())
             self.dstore = dist.PrefixStore(prefix, client()) if launch.rank == 0 else None
-        except Exception as exc:
+        except Exception as exc:  # the launcher's store, any torch: one usage line
             self.store = self.wstore = self.dstore = None
             raise pytest.UsageError(
                 f"pytest-nccl SPMD mode: rank {launch.rank} cannot reach the launcher's store at "
@@ -94,7 +94,7 @@ class LaunchedGroup:
         if initialized:
             try:
                 dist.destroy_process_group()
-            except Exception as exc:
+            except Exception as exc:  # a group torn down already raises by torch version: said
                 self.debug(f"destroy_process_group: {type(exc).__name__}: {exc}")
         self.gen += 1
         base = self._connected(self._base)
@@ -108,14 +108,14 @@ class LaunchedGroup:
             base.set_timeout(datetime.timedelta(seconds=max(TIMING.group_wait_min, bound)))
             dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.world,
                                     timeout=datetime.timedelta(seconds=want), **kwargs)
-        except Exception as exc:
+        except Exception as exc:  # init_process_group's error differs by backend and torch: one line
             self.need_group = True
             raise RankSetupError(f"pytest-nccl: rank {self.rank} could not create the {self.backend} process group "
                                  f"(generation {self.gen}): {type(exc).__name__}: {exc}") from None
         finally:
             try:
                 base.set_timeout(datetime.timedelta(seconds=TIMING.collect_wait))
-            except Exception:
+            except Exception:  # a store gone raises by its type: nothing left to set
                 pass
         self.need_group = False
         self.pg_timeout = want
@@ -129,7 +129,7 @@ class LaunchedGroup:
             import torch.distributed as dist
             if dist.is_initialized():
                 dist.destroy_process_group()
-        except Exception:
+        except Exception:  # at exit, a group torn down already raises by torch version
             pass
 
     def abort(self, run) -> None:
@@ -142,7 +142,7 @@ class LaunchedGroup:
             try:
                 from torch.distributed.distributed_c10d import _abort_process_group
                 _abort_process_group()
-            except Exception as exc:
+            except Exception as exc:  # a private torch helper, any version: said
                 self.debug(f"_abort_process_group: {type(exc).__name__}: {exc}")
         if run.running:
             run.interrupt = True
@@ -168,7 +168,7 @@ class LaunchedGroup:
         try:
             sys.stdout.flush()
             sys.stderr.flush()
-        except Exception:
+        except Exception:  # about to _exit: a stream may be anything by now
             pass
         os._exit(STUCK_EXIT_CODE)
 

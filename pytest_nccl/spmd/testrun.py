@@ -82,7 +82,7 @@ class TestRun:
                 try:
                     self.group.dstore.set(self.keys.verdict, pickle.dumps(setup_verdict(
                         f"pytest-nccl: rank 0's decider failed: {text.strip().splitlines()[-1]}")))
-                except Exception:
+                except Exception:  # already failing: the store's error, whatever it is, adds nothing
                     pass
 
     # -- every rank: push the journal, snapshot and abort on request ----------------------------------

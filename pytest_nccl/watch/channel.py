@@ -230,7 +230,7 @@ class Channel:
         raw = self._get(self._k("verdict"))
         try:
             return pickle.loads(raw) if raw else None
-        except Exception:
+        except Exception:  # a torn or foreign value: unpickling raises any of a dozen types
             return None
 
 
@@ -275,7 +275,7 @@ def _store(host: str, port: int, timeout: float, server: bool = False):
 
         return dist.TCPStore(host, port, is_master=server, wait_for_workers=False,
                              timeout=datetime.timedelta(seconds=timeout))
-    except Exception:
+    except Exception:  # TCPStore's error differs by torch version and cause: no store
         return None
 
 
@@ -315,7 +315,7 @@ def connect(info: dict, decides: Callable[[], bool], timeout: float = 5.0,
                 store = reopen()
                 if store is not None:
                     return Channel(store, job, reopen)
-        except Exception as exc:
+        except Exception as exc:  # any store's error (by torch version): said, tried again
             _debug(f"channel: the job's store at {host}:{port}: {type(exc).__name__}: {exc}")
             job_store = None
         time.sleep(TIMING.ask_poll)

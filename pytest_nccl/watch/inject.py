@@ -50,7 +50,7 @@ WRAPPED = "_pytest_nccl_watch"  # set on what the watch wrapped: never wrapped t
 def _warn(text: str) -> None:
     try:
         sys.stderr.write(f"pytest-nccl watch (pid {os.getpid()}): {text}\n")
-    except Exception:
+    except Exception:  # in the user's process: stderr may be anything (closed, replaced)
         pass
 
 
@@ -73,7 +73,7 @@ def after_torch() -> None:
         _when_imported(fold.SIGNAL_EXCEPTION, fold.install)  # torchrun's traceback of our SIGTERM
         os.makedirs(base, exist_ok=True)  # a test's directory is made by the first process that needs it
         jobdir.touch(jobdir.torch_marker(base, os.getpid()))
-    except Exception as exc:
+    except Exception as exc:  # never stop the user's process: said, it runs untraced
         _warn(f"collectives are not traced in this process ({type(exc).__name__}: {exc})")
 
 
@@ -88,7 +88,7 @@ def after_fork() -> None:
         _forked = True
         _wrap_sys_exit()
         _wrap_init_process_group()
-    except Exception as exc:
+    except Exception as exc:  # never stop the user's process: said, it runs untraced
         _warn(f"collectives are not traced in this process ({type(exc).__name__}: {exc})")
 
 
@@ -119,12 +119,12 @@ class _AfterImport:
                 sys.meta_path.remove(self)
             try:
                 self.then(module)
-            except Exception as exc:
+            except Exception as exc:  # never stop the user's import: said
                 _warn(f"cannot follow {self.name} ({type(exc).__name__}: {exc})")
 
         try:
             loader.exec_module = exec_module
-        except Exception:
+        except Exception:  # a loader that takes no attributes: this module goes unfollowed
             pass
         return spec
 
@@ -199,7 +199,7 @@ def _wrap_init_process_group() -> None:
         if (name == "torch" or name.startswith("torch.")) and getattr(module, "init_process_group", None) is real:
             try:
                 setattr(module, "init_process_group", init_process_group)  # noqa: B010  (any torch module)
-            except Exception:
+            except Exception:  # a torch module with its own __setattr__ keeps its own name
                 pass
 
 
@@ -208,7 +208,7 @@ def _install_tracer() -> None:
         from ..rank import tracer
 
         tracer.install()
-    except Exception as exc:
+    except Exception as exc:  # never stop the user's process: said, it runs untraced
         _warn(f"collectives are not traced in this process ({type(exc).__name__}: {exc})")
 
 
@@ -227,7 +227,7 @@ def _joining(real, args, kwargs, frame) -> str | None:
 
         return _note_joining(rank=given_or_env("rank", "RANK"), world=given_or_env("world_size", "WORLD_SIZE"),
                              site=tracer.call_site(frame), what="init_process_group")
-    except Exception:
+    except Exception:  # a note for the watch, never an error of the user's call
         return None
 
 
@@ -246,7 +246,7 @@ def _note_joining(*, rank, world, site: str, what: str) -> str | None:
                                  "world": jobdir.int_or(world), "site": site, "what": what,
                                  "local_world": jobdir.int_or(env.get("LOCAL_WORLD_SIZE"))})
         return path
-    except Exception:
+    except Exception:  # a note for the watch, never an error of the user's call
         return None
 
 
@@ -276,7 +276,7 @@ def _started() -> None:
             return  # init_process_group raised
         _rank = _Rank(os.environ[jobdir.ENV_DIR])
         _rank.start()
-    except Exception as exc:
+    except Exception as exc:  # never stop the user's process: said, it runs unfollowed
         _warn(f"pytest-nccl watch cannot follow this rank ({type(exc).__name__}: {exc})")
 
 
@@ -355,7 +355,7 @@ class _Rank:
             record = _outcome(self.rank, exc)
             record.ended = time.time()
             jobdir.write_text(jobdir.exit_record(self.directory, self.rank), record.to_json())
-        except Exception as err:
+        except Exception as err:  # at exit, never in the way of the process's own status: said
             _warn(f"no exit record ({type(err).__name__}: {err})")
         if self.agent is not None:
             self.agent.close()

@@ -383,7 +383,7 @@ def _import_torch_distributed() -> None:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     try:
         import torch.distributed  # noqa: F401
-    except Exception:
+    except Exception:  # a prewarm only: a broken torch says so where it is used
         pass
 
 
