@@ -43,6 +43,16 @@ def parse_ranges(text: str) -> list[int] | None:
 P2P = ":p2p"  # a group's point-to-point transfers, numbered apart from its collectives: "tp[2,3]:p2p"
 
 
+@lru_cache(maxsize=4096)  # a job has a few labels, read on every record
+def _parse(label: str) -> GroupId:
+    p2p = label.endswith(P2P)
+    body = label[:-len(P2P)] if p2p else label
+    at = body.find("[")
+    if at < 0 or not body.endswith("]"):
+        return GroupId(body, None, p2p)
+    return GroupId(body[:at], body[at + 1:-1], p2p)
+
+
 @dataclass(frozen=True)
 class GroupId:
     """A group label taken apart, once: ``name`` ("default", "tp", "pg4", "weights"), ``ranks`` (the text
@@ -54,9 +64,7 @@ class GroupId:
     ranks: str | None = None
     p2p: bool = False
 
-    @staticmethod
-    def parse(label: str) -> GroupId:
-        return _parse(label)
+    parse = staticmethod(_parse)  # GroupId.parse(label), cached
 
     @property
     def label(self) -> str:
@@ -92,16 +100,6 @@ class GroupId:
         the label does not carry its ranks)."""
         ranks = self.members
         return [r for r in ranks if r < world] if ranks is not None else list(range(world))
-
-
-@lru_cache(maxsize=4096)  # a job has a few labels, read on every record
-def _parse(label: str) -> GroupId:
-    p2p = label.endswith(P2P)
-    body = label[:-len(P2P)] if p2p else label
-    at = body.find("[")
-    if at < 0 or not body.endswith("]"):
-        return GroupId(body, None, p2p)
-    return GroupId(body[:at], body[at + 1:-1], p2p)
 
 
 def label_ranks(pg: str) -> list[int] | None:
