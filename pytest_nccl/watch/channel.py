@@ -43,6 +43,7 @@ import time
 from typing import Callable
 
 from ..core.reports import RankReport
+from .jobdir import RankInfo
 from .timing import TIMING
 
 PREFIX = "pytest-nccl-watch"
@@ -279,7 +280,7 @@ def _store(host: str, port: int, timeout: float, server: bool = False):
         return None
 
 
-def connect(info: dict, decides: Callable[[], bool], timeout: float = 5.0,
+def connect(info: RankInfo, decides: Callable[[], bool], timeout: float = 5.0,
             wait: float = CONNECT_WAIT) -> Channel | None:
     """The channel between the watches of the job a rank belongs to (``info``: its rank-R.json).
 
@@ -288,10 +289,10 @@ def connect(info: dict, decides: Callable[[], bool], timeout: float = 5.0,
     ``pytest-nccl-watch/<job>/channel`` in the job's store at ``MASTER_ADDR:MASTER_PORT``; every other
     watch reads the address there (for ``wait`` seconds) and connects. None when the rank named no
     store, it cannot be reached, or no watch of rank 0's node announced a channel."""
-    host, port = info.get("master_addr"), info.get("master_port")
+    host, port = info.master_addr, info.master_port
     if not host or not port:
         return None
-    job = f"{info.get('run_id') or 'job'}/{info.get('attempt') or 0}"
+    job = f"{info.run_id or 'job'}/{info.attempt or 0}"
     key = f"{PREFIX}/{job}/channel"
     deadline = time.monotonic() + wait
     job_store, server = None, None

@@ -241,10 +241,10 @@ def _note_joining(*, rank, world, site: str, what: str) -> str | None:
         directory = jobdir.attempt_dir(env[jobdir.ENV_DIR], jobdir.attempt_of(env))
         os.makedirs(directory, exist_ok=True)
         path = jobdir.joining(directory, os.getpid())
-        jobdir.write_json(path, {"pid": os.getpid(), "start": jobdir.process_start(os.getpid()),
-                                 "host": socket.gethostname(), "t": time.time(), "rank": jobdir.int_or(rank),
-                                 "world": jobdir.int_or(world), "site": site, "what": what,
-                                 "local_world": jobdir.int_or(env.get("LOCAL_WORLD_SIZE"))})
+        jobdir.write_json(path, jobdir.JoiningNote(
+            pid=os.getpid(), start=jobdir.process_start(os.getpid()), host=socket.gethostname(), t=time.time(),
+            rank=jobdir.int_or(rank), world=jobdir.int_or(world), site=site, what=what,
+            local_world=jobdir.int_or(env.get("LOCAL_WORLD_SIZE"))).to_dict())
         return path
     except Exception:  # a note for the watch, never an error of the user's call
         return None
@@ -322,16 +322,16 @@ class _Rank:
             faulthandler.enable(file=self.fatal_file, all_threads=True)
         atexit.register(self.at_exit)
         self._multiprocessing_exit()
-        jobdir.write_json(jobdir.rank_info(d, r), {
-            "rank": r, "world": self.world, "local_rank": os.environ.get("LOCAL_RANK"),
-            "pid": self.pid, "start": jobdir.process_start(self.pid), "host": socket.gethostname(),
-            "backend": self.backend, "t0": time.time(), "argv": sys.argv[:8],
-            "attempt": self.attempt, "max_restarts": jobdir.max_restarts_of(os.environ),
+        jobdir.write_json(jobdir.rank_info(d, r), jobdir.RankInfo(
+            rank=r, world=self.world, local_rank=os.environ.get("LOCAL_RANK"),
+            pid=self.pid, start=jobdir.process_start(self.pid), host=socket.gethostname(),
+            backend=self.backend, t0=time.time(), argv=sys.argv[:8],
+            attempt=self.attempt, max_restarts=jobdir.max_restarts_of(os.environ),
             # the other nodes: how many ranks this node has, and the job's store, through which the
             # watches of several nodes see each other's ranks (channel.py)
-            "local_world": os.environ.get("LOCAL_WORLD_SIZE"), "node": os.environ.get("GROUP_RANK"),
-            "master_addr": os.environ.get("MASTER_ADDR"), "master_port": os.environ.get("MASTER_PORT"),
-            "run_id": os.environ.get("TORCHELASTIC_RUN_ID")})
+            local_world=os.environ.get("LOCAL_WORLD_SIZE"), node=os.environ.get("GROUP_RANK"),
+            master_addr=os.environ.get("MASTER_ADDR"), master_port=os.environ.get("MASTER_PORT"),
+            run_id=os.environ.get("TORCHELASTIC_RUN_ID")).to_dict())
 
     def _multiprocessing_exit(self) -> None:
         """In a multiprocessing child, the exit record is written by multiprocessing's exit path (a

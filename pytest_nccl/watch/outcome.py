@@ -46,9 +46,9 @@ class Attempt:
 
 
 def attempt_of(infos: list) -> Attempt:
-    """The attempt of a set of ``rank-R.json`` records (they agree: one launcher set them)."""
-    restarts = [int(i.get("attempt") or 0) for i in infos] or [0]
-    limits = [int(i.get("max_restarts") or 0) for i in infos] or [0]
+    """The attempt of a set of ``rank-R.json`` records (``RankInfo``: they agree, one launcher set them)."""
+    restarts = [i.attempt for i in infos] or [0]
+    limits = [i.max_restarts for i in infos] or [0]
     return Attempt(max(restarts), max(limits))
 
 
