@@ -74,7 +74,7 @@ def cuda_device_count() -> int:
                              "`pip install torch==2.13.0` on CPU-only machines)") from None
     try:
         return torch.cuda.device_count()
-    except Exception:
+    except Exception:  # CUDA's driver errors differ by torch version: no GPU
         return 0
 
 

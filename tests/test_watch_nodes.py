@@ -23,6 +23,7 @@ from pytest_nccl.core.agreement import Digest
 from pytest_nccl.core.reports import RankReport
 from pytest_nccl.core.states import RankState
 from pytest_nccl.watch.channel import KEEP_CHUNKS, Channel
+from pytest_nccl.watch.jobdir import RankInfo
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT = 6           # the watches' --timeout
@@ -277,9 +278,9 @@ def test_a_lost_channel_makes_the_other_node_s_ranks_unseen_never_a_hang(tmp_pat
     monitor = Monitor(str(tmp_path), TIMEOUT, connect=lambda info, decides: None)
     try:
         channel = Channel(FakeStore(), "j/0")
-        rank0 = Followed(0, RemoteRank(0, {"rank": 0}, channel))
+        rank0 = Followed(0, RemoteRank(0, RankInfo(rank=0), channel))
         rank0.records = [record(0, i, t=i) for i in range(1, 8)] + [record(0, 8, state="entered", t=8)]
-        rank1 = Followed(1, RemoteRank(1, {"rank": 1}, channel))  # as good as this node's: it completed #8
+        rank1 = Followed(1, RemoteRank(1, RankInfo(rank=1), channel))  # as good as this node's: it completed #8
         rank1.records, rank1.state = [record(1, i, t=i) for i in range(1, 9)], RankState.PASSED
         monitor.ranks, monitor.world, monitor.node_count = {0: rank0, 1: rank1}, 2, 2
         monitor.nodes = SimpleNamespace(channel=channel, close=lambda: None)  # type: ignore[assignment]

@@ -11,6 +11,7 @@ import pytest
 from pytest_nccl.core.diagnosis import Diagnosis
 from pytest_nccl.core.states import Kind, RankState, Reason
 from pytest_nccl.watch import jobdir
+from pytest_nccl.watch.jobdir import RankInfo
 from pytest_nccl.watch.monitor import Monitor
 from pytest_nccl.watch.outcome import (
     EXIT_DIAGNOSED,
@@ -55,10 +56,10 @@ def test_one_exit_status_per_outcome():
 
 def test_attempt_of_the_ranks_records():
     assert attempt_of([]) == Attempt(0, 0) and not attempt_of([]).restartable
-    infos = [{"attempt": 1, "max_restarts": 2}, {"attempt": 1, "max_restarts": 2}]
+    infos = [RankInfo(attempt=1, max_restarts=2), RankInfo(attempt=1, max_restarts=2)]
     assert attempt_of(infos) == Attempt(1, 2) and attempt_of(infos).restartable
     assert attempt_of(infos).describe() == "attempt 2 of 3"
-    assert not attempt_of([{"attempt": 2, "max_restarts": 2}]).restartable
+    assert not attempt_of([RankInfo(attempt=2, max_restarts=2)]).restartable
 
 
 def test_peers_that_never_appeared():

@@ -128,7 +128,7 @@ def find_uv() -> str | None:
         path = uv.find_uv_bin()
         if path and Path(path).exists():
             return str(path)
-    except Exception:
+    except Exception:  # the uv package's helper, any version: look beside python
         pass
     local = Path(sys.executable).parent / "uv"
     if local.exists():

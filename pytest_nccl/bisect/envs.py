@@ -232,7 +232,7 @@ def requirement_closure(roots: Iterable[str], requires: Callable[[str], list[str
                 try:
                     if not req.marker.evaluate({**(environment or {}), "extra": ""}):
                         continue
-                except Exception:
+                except Exception:  # packaging's marker errors differ by its version: not followed
                     continue
             stack.append(canonicalize_name(req.name))
     return sorted(seen)

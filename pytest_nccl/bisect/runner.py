@@ -186,7 +186,7 @@ def plugin_entry_points(pyproject: Path | None = None) -> tuple[str, dict[str, s
         eps = dict(project.get("entry-points", {}).get("pytest11", {}))
         if eps:
             return str(project.get("version", "0+checkout")), eps
-    except Exception:
+    except Exception:  # missing, not TOML, or another shape: the installed metadata next
         pass
     try:
         import importlib.metadata as md
@@ -195,7 +195,7 @@ def plugin_entry_points(pyproject: Path | None = None) -> tuple[str, dict[str, s
         eps = {ep.name: ep.value for ep in dist.entry_points if ep.group == "pytest11"}
         if eps:
             return dist.version, eps
-    except Exception:
+    except Exception:  # a broken install's metadata, whatever it raises: the default
         pass
     return "0+checkout", {"nccl": "pytest_nccl.plugin"}
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import zlib
 from typing import NamedTuple
 
-from .groups import members_of
+from .groups import GroupId, members_of
 from .ops import SHAPE_MATCHED_OPS, SPLIT_OPS
 from .records import CollectiveRecord
 from .states import Source
@@ -46,7 +46,7 @@ def digest_of(records: list) -> dict:
     transport that has the journal but not the rank's own digest (a watched job)."""
     out: dict = {}
     for rec in records:
-        if rec.pg.endswith(":p2p") or rec.source != Source.PYTHON:
+        if GroupId.parse(rec.pg).p2p or rec.source != Source.PYTHON:
             continue
         count, crc, splits = out.get(rec.pg, (0, 0, ()))
         if rec.op in SPLIT_OPS:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 
+from .groups import GroupId
 from .records import CollectiveRecord
 from .states import RecordState, Source
 
@@ -38,8 +39,8 @@ def group_name_of(label: str, group: str = "") -> str:
         return group
     if label == "default":
         return "0"
-    base = label.split(":")[0]
-    return base[2:].split("[")[0] if base.startswith("pg") else base
+    name = GroupId.parse(label).name
+    return name[2:] if name.startswith("pg") else name
 
 
 def records_from_dump(text: str | None, rank: int, since_ns: int = 0) -> list[CollectiveRecord]:
@@ -97,7 +98,7 @@ def merge(journals: dict[int, list[CollectiveRecord]],
             else:
                 base[rec.pg] = min(base.get(rec.pg, rec.fr_seq), rec.fr_seq)
     for records in merged.values():
-        _renumber([r for r in records if r.pg in base and r.pg not in unnumbered and not r.pg.endswith(":p2p")], base)
+        _renumber([r for r in records if r.pg in base and r.pg not in unnumbered and not GroupId.parse(r.pg).p2p], base)
     return merged
 
 
@@ -120,7 +121,7 @@ def _combine(python: list[CollectiveRecord], recorded: list[CollectiveRecord]) -
     times do not interleave exactly)."""
     labels: dict[str, str] = {}
     for rec in python:
-        if not rec.pg.endswith(":p2p"):
+        if not GroupId.parse(rec.pg).p2p:
             labels.setdefault(group_name_of(rec.pg, rec.group), rec.pg)
     known = {(group_name_of(r.pg, r.group), seq) for r in python if r.fr_seq is not None
              for seq in range(r.fr_seq, (r.fr_seq_end or r.fr_seq) + 1)}

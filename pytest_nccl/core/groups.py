@@ -4,6 +4,9 @@ Standard library only: every rank imports it."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
 
 def rank_ranges(ranks) -> str:
     """'0-14,16' for ranks 0..14 and 16: runs of three or more as ranges."""
@@ -37,23 +40,74 @@ def parse_ranges(text: str) -> list[int] | None:
     return out
 
 
+P2P = ":p2p"  # a group's point-to-point transfers, numbered apart from its collectives: "tp[2,3]:p2p"
+
+
+@lru_cache(maxsize=4096)  # a job has a few labels, read on every record
+def _parse(label: str) -> GroupId:
+    p2p = label.endswith(P2P)
+    body = label[:-len(P2P)] if p2p else label
+    at = body.find("[")
+    if at < 0 or not body.endswith("]"):
+        return GroupId(body, None, p2p)
+    return GroupId(body[:at], body[at + 1:-1], p2p)
+
+
+@dataclass(frozen=True)
+class GroupId:
+    """A group label taken apart, once: ``name`` ("default", "tp", "pg4", "weights"), ``ranks`` (the text
+    between the brackets as the tracer wrote it: "2,3", "0-62:2", "0,1,...", "0,+1"; None without
+    brackets) and ``p2p`` (the group's point-to-point transfers rather than its collectives).
+    ``label`` formats it back, the same string: journals and messages carry the label."""
+
+    name: str
+    ranks: str | None = None
+    p2p: bool = False
+
+    parse = staticmethod(_parse)  # GroupId.parse(label), cached
+
+    @property
+    def label(self) -> str:
+        body = self.name if self.ranks is None else f"{self.name}[{self.ranks}]"
+        return body + P2P if self.p2p else body
+
+    def __str__(self) -> str:
+        return self.label
+
+    @property
+    def collectives(self) -> GroupId:
+        """The group itself ("tp[2,3]" of "tp[2,3]:p2p")."""
+        return replace(self, p2p=False) if self.p2p else self
+
+    @property
+    def transfers(self) -> GroupId:
+        """The group's point-to-point side ("tp[2,3]:p2p" of "tp[2,3]")."""
+        return self if self.p2p else replace(self, p2p=True)
+
+    @property
+    def members(self) -> list[int] | None:
+        """The ranks the label carries, in group rank order; None for the default group or a label
+        without all of its ranks ("pg3[0,1,...]")."""
+        inside = self.ranks
+        if not inside or self.name == "default":
+            return None
+        if ",+" in inside:  # "weights[0,+1]": a side group; its other members are not ranks of this world
+            inside = inside.split(",+", 1)[0]
+        return parse_ranges(inside) if "..." not in inside else None
+
+    def members_in(self, world: int) -> list[int]:
+        """Ranks of the group in a world of ``world`` ranks, in group rank order (all of them when
+        the label does not carry its ranks)."""
+        ranks = self.members
+        return [r for r in ranks if r < world] if ranks is not None else list(range(world))
+
+
 def label_ranks(pg: str) -> list[int] | None:
     """The ranks of a group label ("tp[2,3]", "pg4[0-15]") in group rank order; None for the
     default group or a label without its ranks."""
-    if "[" not in pg or "]" not in pg:
-        return None
-    inside = pg[pg.find("[") + 1: pg.find("]")]
-    if ",+" in inside:  # "weights[0,+1]": a side group; its other members are not ranks of this world
-        inside = inside.split(",+", 1)[0]
-    return parse_ranges(inside) if inside and "..." not in inside else None
+    return GroupId.parse(pg).members
 
 
 def members_of(pg: str, world: int) -> list[int]:
     """Ranks of a group, from its label ("default", "tp[2,3]", "pg1[0-15]"), in group rank order."""
-    ranks = label_ranks(pg) if pg != "default" else None
-    return [r for r in ranks if r < world] if ranks is not None else list(range(world))
-
-
-def group_base(pg: str) -> str:
-    """The name of a label without its ranks: "tp[2,3]" -> "tp" (a mesh dimension, any of its groups)."""
-    return pg.split("[", 1)[0].removesuffix(":p2p")
+    return GroupId.parse(pg).members_in(world)

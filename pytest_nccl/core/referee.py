@@ -3,8 +3,8 @@
 Pure (no torch, no processes, no sockets), like xdist's scheduling policies behind
 ``scheduler/protocol.py``: the forked groups (sockets and journal files) and the SPMD session (the
 launcher's store) are transports that feed it what the ranks reported and the time, and do what it
-says: keep waiting, or collect the stuck ranks' stacks and conclude. Every rule and every timing
-constant lives here, once, and is tested with a fake clock (tests/test_referee.py).
+says: keep waiting, or collect the stuck ranks' stacks and conclude. Every rule and the timing
+constants of the rules live here, once, and are tested with a fake clock (tests/test_referee.py).
 
 The rules, in the order they are applied:
 1. every rank finished: completed;
@@ -18,7 +18,7 @@ The rules, in the order they are applied:
    (op, shape, dtype, root, reduce op or split sizes differ at the same position): decided (NCCL
    would hang there for good);
 6. no journal grew for ``deadlock_quiet`` and some running ranks are in a certain deadlock
-   (``records.stuck_ranks``): point-to-point transfers nobody can pair (a tag, a peer that differs),
+   (``waits.stuck_ranks``): point-to-point transfers nobody can pair (a tag, a peer that differs),
    or collectives of different groups, each waiting for a rank blocked in the other: decided.
 
 A watched job (``pytest-nccl watch``, ``rolling=True``) is not one call but hours of them: there the
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .diagnosis import first_divergence
-from .groups import members_of
+from .groups import GroupId, members_of
 from .records import RankView
 from .states import MISMATCH_KINDS, RankState, Reason, RecordState, Source
 from .waits import P2PIndex, stuck_ranks
@@ -58,7 +58,7 @@ def waits_for_a_finished_rank(journals: dict, live: dict) -> bool:
         current = RankView(rank, records=journals[rank]).current
         if current is None:
             continue
-        if current.pg.endswith(":p2p"):
+        if GroupId.parse(current.pg).p2p:
             if not current.p2p:
                 continue
             index = index or P2PIndex(_running_views(journals, live))
@@ -99,51 +99,18 @@ def deadlocked(journals: dict, live: dict) -> bool:
 
 @dataclass(frozen=True)
 class Timing:
-    """Every timing constant of the rules and of the transports' wait for stacks."""
+    """Every timing constant of the rules (each transport's own waits live with it: ``forked/timing.py``,
+    ``spmd/timing.py``, ``watch/timing.py``)."""
     grace_after_failure: float = 1.0   # a rank failed: for the others to finish or report their own error
     poll: float = 0.05                 # how often the journals are checked for an unmatchable wait
     stall_check: float = 0.5           # no journal grew for this long: look for a mismatched collective
     deadlock_quiet: float = 1.0        # no journal grew for this long: look for a certain deadlock
     flight_recorder_poll: float = 1.0  # with a rank finished, how often the Flight Recorder is consulted
     settle: float = 0.3                # once decided, for ranks outside any collective to finish too
-    # Collecting the stacks of ranks still running, once decided. Forked: a rank's reader thread
-    # answers over its socket. SPMD: every rank's watchdog publishes a snapshot through the
-    # launcher's store, which it polls: slower, hence longer.
-    stacks_wait: float = 1.0
-    snapshot_wait: float = 3.0
-    release_wait: float = 5.0          # SPMD: after the abort, for every rank to leave the test
-    term_wait: float = 0.5             # forked: between SIGTERM and SIGKILL of a rank's session
     # The process group's own timeout is the bound plus this: no 30-minute default wait, and our
     # bound (which started earlier) still fires first, so the report is ours, not gloo's
     # "Timed out waiting 5000ms for send operation to complete".
     pg_timeout_margin: float = 10.0
-    # pytest-nccl watch on several nodes: how long a watch waits for the other nodes' watches to be
-    # in sync before it judges, and for the verdict of the watch of rank 0's node (which collects
-    # the stacks of every node's ranks first) before it gives its own
-    agree_wait: float = 5.0
-    # -- the transports' own waits and polls (no rule reads them) ------------------------------------
-    join_poll: float = 0.5  # forked: how often a starting group reads its sockets and exits
-    dead_rank_drain: float = 0.05  # forked: a rank died before joining: for its exit status to come
-    faulthandler_wait: float = 0.2  # forked: SIGUSR1 sent: for faulthandler to write a stuck rank's stacks
-    exit_status_wait: float = 1.0  # forked: for the fork server to report a dead rank's exit status
-    exit_status_poll: float = 0.01  # forked: how often the fork server's reports are read meanwhile
-    gpu_lease_poll: float = 0.2  # forked: how often a group waiting for free GPUs tries again
-    flight_recorder_wait: float = 0.5  # forked: a Flight Recorder poll, for every rank's answer
-    store_poll_max: float = 0.05  # SPMD: slowest store polling interval (starts at 2 ms, doubles)
-    journal_push: float = 0.1  # SPMD: how often a running rank appends its journal to the store
-    verdict_margin: float = 30.0  # SPMD: a rank gives rank 0 this long past the bound before giving up
-    collect_wait: float = 600.0  # SPMD: for the other ranks to finish collecting (imports can be slow)
-    finish_wait: float = 120.0  # SPMD: at the end, for the other ranks to finish the session
-    group_wait_min: float = 30.0  # SPMD: for every rank to come to a (re-)created process group
-    fork_server_start: float = 300.0  # forked: the fork server imports torch and the test modules
-    status_every: float = 1.0  # watch: how often each rank's Flight Recorder progress is asked for
-    scan_every: float = 0.05  # watch: how often the directory is listed for ranks not seen yet
-    serve_every: float = 0.02  # watch, several nodes: how often this node's ranks are published
-    ask_poll: float = 0.02  # watch, several nodes: how often an asking watch looks for the answer
-    job_term_wait: float = 5.0  # watch: between SIGTERM and SIGKILL when the watch ends the job
-    reap_poll: float = 0.05  # watch: ending the job, how often it looks whether its processes are gone
-    orphan_kill_after: float = 10.0  # watch: a rank whose watch is gone: for its own handler
-    agent_close_wait: float = 5.0  # watch: at a rank's exit, for its agent to finish the answer in progress
 
 
 TIMING = Timing()

@@ -3,7 +3,7 @@ what the referee's deadlock rule and the diagnosis read off the records."""
 
 from __future__ import annotations
 
-from .groups import members_of
+from .groups import GroupId, members_of
 from .ops import P2P_OPS
 from .records import P2P, CollectiveRecord
 from .states import RankState, Source
@@ -59,7 +59,7 @@ def stuck_ranks(views: dict) -> dict:
             index = index or P2PIndex(views)
             ops = [p for p in cur.blocking_p2p() if not index.has_counterpart(r, cur, p)]
             needs = [[p.peer] if p.peer is not None else
-                     [m for m in members_of(cur.pg.removesuffix(":p2p"), world) if m != r] for p in ops]
+                     [m for m in GroupId.parse(cur.pg).members_in(world) if m != r] for p in ops]
         elif cur.op in P2P_OPS:
             continue  # a transfer without its peers (a v1 journal): nothing certain
         else:

@@ -14,11 +14,7 @@ from ..core.messages import Call
 from ..core.referee import Referee
 from ..core.reports import RankReport
 from ..core.states import RankState, Reason
-
-# once decided, for the ranks' reader threads to answer with their stacks over the socket
-STACKS_WAIT = 1.0
-# a Flight Recorder poll while the call runs, for every rank's answer
-FLIGHT_RECORDER_WAIT = 0.5
+from .timing import TIMING
 
 
 def journal_path(call: Call, rank: int) -> str:
@@ -65,7 +61,7 @@ class ForkedCall:
 
     def flight_recorder_journals(self) -> dict | None:
         state = self.state
-        self.group._request_dumps(state, list(self.group.conns), FLIGHT_RECORDER_WAIT)
+        self.group._request_dumps(state, list(self.group.conns), TIMING.flight_recorder_wait)
         if len(state.fr_json) != self.group.world:
             return None
         return with_flight_recorder(self.journals(), state.fr_json, state.since_ns)
@@ -84,7 +80,7 @@ class ForkedCall:
         """Stacks of the ranks still running; Flight Recorder of every rank that can answer."""
         group, state = self.group, self.state
         state.fr_json.clear()
-        group._request_dumps(state, list(group.conns), STACKS_WAIT, want_stacks=True)
+        group._request_dumps(state, list(group.conns), TIMING.stacks_wait, want_stacks=True)
         group._faulthandler_stacks(state)
         return Dumps(stacks=dict(state.stacks), fr_json=dict(state.fr_json), fr_pickle=dict(state.fr_pickle))
 

@@ -12,7 +12,7 @@ import os
 import tempfile
 import time
 
-from ..core.referee import TIMING
+from .timing import TIMING
 
 
 def visible_devices(device_count: int, environ=os.environ) -> list[str]:

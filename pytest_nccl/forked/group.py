@@ -22,11 +22,13 @@ from ..core.call import CallDriver
 from ..core.exits import decode_wait_status, describe_wait_status
 from ..core.journal import read_journal
 from ..core.messages import Call, CallDone, Dump, DumpRequest, Hello, Joined, RankSpec, RunCall, SetupFailed
-from ..core.referee import TIMING, Referee
+from ..core.referee import TIMING as RULES
+from ..core.referee import Referee
 from ..core.reports import CallOutcome, RankReport
 from ..core.states import RankState
 from ..errors import RankSetupError
 from .call import CallState, ForkedCall, file_size, journal_path, read_from
+from .timing import TIMING
 from .zygote_client import Zygote
 
 
@@ -77,7 +79,7 @@ class RankGroup:
         master_port = _free_loopback_port()
         for rank in range(self.world):
             spec = RankSpec(rank, rank, self.world, self.world, self.backend,
-                            pg_timeout=self.timeout + TIMING.pg_timeout_margin,
+                            pg_timeout=self.timeout + RULES.pg_timeout_margin,
                             store_path=os.path.join(self.dir, "store"), control_path=self.control_path,
                             output_path=self.output_path(rank), stack_path=self.stack_path(rank),
                             master_addr="127.0.0.1", master_port=master_port, env=self.rank_env,

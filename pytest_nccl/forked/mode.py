@@ -208,7 +208,7 @@ class NcclWorld:
         module, path, qualname = function_reference(fn)
         try:
             payload = pickle.dumps((args, kwargs))
-        except Exception as exc:
+        except Exception as exc:  # a user's object's __reduce__ may raise anything: one line
             raise NcclUsageError(f"the arguments of nccl_world.run({qualname}) cannot be pickled: "
                                  f"{type(exc).__name__}: {exc}") from None
         call = Call(0, CallKind.FUNCTION, module, path, qualname, payload, nodeid=self._nodeid)
@@ -261,7 +261,7 @@ def _test_kwargs(item: pytest.Function) -> tuple[dict, list[str]]:
         value = item.funcargs[name]
         try:
             pickle.dumps(value)
-        except Exception as exc:
+        except Exception as exc:  # a user's object's __reduce__ may raise anything: one line
             raise NcclUsageError(f"fixture '{name}' cannot be used in a test marked nccl: its value "
                                  f"({type(value).__name__}) cannot be sent to the ranks "
                                  f"({type(exc).__name__}: {exc})") from None

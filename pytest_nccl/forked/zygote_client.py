@@ -23,8 +23,8 @@ from ..core.messages import (
     ZygoteConfig,
     ZygoteInfo,
 )
-from ..core.referee import TIMING
 from ..errors import RankSetupError
+from .timing import TIMING
 
 
 class Zygote:

@@ -77,7 +77,7 @@ def load_module(name: str, path: str):
         tree = ast.parse(source, filename=path)
         rewrite_asserts(tree, source, path)
         code = compile(tree, path, "exec", dont_inherit=True)
-    except Exception:
+    except Exception:  # pytest's private rewriter, any version: unrewritten asserts then
         code = compile(source, path, "exec", dont_inherit=True)
     mod = types.ModuleType(name)
     mod.__file__ = path
@@ -151,7 +151,7 @@ def run_call(call: Call, rank: int) -> RankReport:
     if call.kind == CallKind.FUNCTION and status == RankState.PASSED:
         try:
             payload = pickle.dumps(value)
-        except Exception as exc:
+        except Exception as exc:  # a value's own __reduce__ may raise anything: the rank's error
             status, exc_type = RankState.ERROR, type(exc).__name__
             message = (f"rank {rank} returned a value that cannot be pickled "
                        f"({type(value).__name__}): {type(exc).__name__}: {exc}")
@@ -211,7 +211,7 @@ def main(spec: RankSpec, prepare=None) -> None:
         try:
             if isinstance(stream, io.TextIOWrapper):
                 stream.reconfigure(write_through=True)
-        except Exception:
+        except (OSError, ValueError):  # closed, or not reconfigurable
             pass
     stack_file = open(spec.stack_path, "w")
     faulthandler.enable(file=stack_file, all_threads=True)

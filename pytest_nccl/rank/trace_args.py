@@ -62,7 +62,7 @@ def _global(group, rank, group_rank):
     if rank is None and group_rank is not None:
         try:
             return c10d.get_global_rank(group if group is not None else c10d._get_default_group(), group_rank)
-        except Exception:
+        except Exception:  # c10d's error differs by torch version; the tracer never fails a call
             return None
     return rank
 
@@ -79,7 +79,7 @@ def _even(tensor, group) -> str:
         n = (group or c10d._get_default_group()).size()
         rows = tensor.shape[0] if tensor.dim() else 1
         return ",".join([str(rows // n)] * n)
-    except Exception:
+    except Exception:  # whatever the user passed: the op itself says what is wrong
         return ""
 
 
@@ -87,7 +87,7 @@ def global_text(pg, group_rank) -> str:
     """A rank of group ``pg`` as the journal writes roots and peers: its GLOBAL rank (else as given)."""
     try:
         return str(c10d.get_global_rank(pg, int(group_rank)))
-    except Exception:
+    except Exception:  # c10d's error differs by torch version: the rank as given
         return str(group_rank)
 
 

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from ..core.agreement import signature
-from ..core.groups import rank_ranges
+from ..core.groups import GroupId, rank_ranges
 from ..core.journal import JournalWriter
 
 
@@ -37,7 +37,7 @@ class GroupTrace:
                  "p2p_e_line", "p2p_c_line", "g_arg", "fr_seq", "label_b", "p2p_label_b")
 
     def __init__(self, label: str, name: str, pg):
-        self.label, self.p2p_label, self.name, self.pg = label, label + ":p2p", name, pg
+        self.label, self.p2p_label, self.name, self.pg = label, GroupId.parse(label).transfers.label, name, pg
         self.seq = self.p2p_seq = self.digest = 0
         self.splits: list | None = None  # [(seq, "sent/expected")] of its all_to_alls
         # the start of its E and C lines, and its name as an argument: formatted once
@@ -257,7 +257,7 @@ def group_label(group, trace: CallTrace | None = None) -> tuple[str, str]:
     name = str(name)
     try:
         desc = str(getattr(group, "group_desc", "") or "")
-    except Exception:
+    except Exception:  # a C++ property, whatever it raises: the label takes the c10d name
         desc = ""
     if desc.startswith("mesh_") and desc != "mesh_default":
         desc = desc[5:]
@@ -265,7 +265,7 @@ def group_label(group, trace: CallTrace | None = None) -> tuple[str, str]:
     base = f"pg{name}" if desc in _NAMELESS or desc == "default" else desc
     try:
         return f"{base}[{_label_ranks(dist.get_process_group_ranks(group))}]", name
-    except Exception:
+    except Exception:  # c10d's error differs by torch version: a label without ranks
         return base, name
 
 
@@ -283,8 +283,9 @@ def _add_group(trace: CallTrace, group) -> GroupTrace:
     else:
         label, name = group_label(group, trace)
         if label in trace.by_label:  # another group of this call has that name and ranks (a second mesh)
-            base, _, ranks = label.partition("[")
-            label = f"{base}.pg{name or len(trace.by_label)}[{ranks}" if ranks else f"{base}.{len(trace.by_label)}"
+            gid = GroupId.parse(label)
+            label = (GroupId(f"{gid.name}.pg{name or len(trace.by_label)}", gid.ranks).label if gid.ranks is not None
+                     else f"{gid.name}.{len(trace.by_label)}")
         found = GroupTrace(label, name, group)
         trace.by_label[label] = found
     trace.by_id[id(group)] = found
@@ -354,7 +355,7 @@ def enter(trace: CallTrace, g: GroupTrace, name: str, async_op: bool, fields: tu
             g.digest = zlib.crc32(agreed, g.digest)
     try:
         fr_seq = g.fr_seq() + 1 if g.fr_seq is not None else ""
-    except Exception:
+    except Exception:  # a C++ method, whatever it raises: the field stays empty
         fr_seq = ""
     line = (f"E\t{label}\t{seq}\t{name}\t{1 if async_op else 0}\t{perf_counter_ns() - trace.t0_ns}e-9\t"
             .encode() + described + f"\t{fr_seq}\t{site}\t".encode() + extra + b"\n")

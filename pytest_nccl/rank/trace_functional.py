@@ -95,7 +95,7 @@ def _storage(tensor):
     output's: the later registration wins."""
     try:
         return tensor.untyped_storage().data_ptr()
-    except Exception:
+    except Exception:  # fake, sparse or subclassed tensors raise differently: no key
         return None
 
 
@@ -150,7 +150,7 @@ def _collective(spec: OpSpec, op):
                 g.splits.append((seq, plain[6:]))
         try:  # the group's own number for it (the Flight Recorder's), when it has one
             fr_seq = g.fr_seq() + 1 if g.fr_seq is not None else None
-        except Exception:
+        except Exception:  # a C++ method, whatever it raises: the field stays empty
             fr_seq = None
         now = core.perf_counter_ns() - trace.t0_ns
         site = site_of(trace, sys._getframe(1))

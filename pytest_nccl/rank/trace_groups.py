@@ -10,7 +10,7 @@ is the one (``trace_core.local.inside``).
 A group made without ``new_group`` (a backend over its own store, or torch's process-group helper
 called with members outside the world) has no ranks of this world c10d could name: its label says
 this rank and how many more members it has (``weights[0,+1]``), so the diagnosis compares it across
-no other rank and names it as such (records.label_ranks).
+no other rank and names it as such (``core.groups.GroupId.members``).
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def named_helper(real):
             if not global_ranks_in_group and c10d.GroupMember.WORLD is not None and \
                     pg is not c10d.GroupMember.NON_GROUP_MEMBER:
                 register_side(pg, str(kwargs.get("group_desc") or group_name), group_size)
-        except Exception:
+        except Exception:  # the user's group stands, whatever our bookkeeping raised
             pass
         return result
     core.mark_traced(_new_process_group_helper, real)
@@ -187,7 +187,7 @@ def named_backend_init(cls, real):
             if not caller_file().startswith(_TORCH_DIR):
                 _side_count += 1
                 register_side(self, f"{backend}{_side_count}", self.size())
-        except Exception:
+        except Exception:  # the user's group stands, whatever our bookkeeping raised
             pass
     core.mark_traced(__init__, real)
     return __init__

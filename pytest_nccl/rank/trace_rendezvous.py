@@ -73,13 +73,13 @@ class _Joined(threading.Thread):
     def run(self) -> None:
         try:  # connections of our own: the creating thread holds the store's
             stores = [store.clone() for store in self.stores]
-        except Exception:
+        except Exception:  # any store type (a user's too), without clone or gone: not shown
             return
         shown = None
         while not self.done.wait(POLL):
             try:
                 joined = [r for r in range(self.size) if any(store.check([f"0/{r}"]) for store in stores)]
-            except Exception:
+            except Exception:  # our thread: a store gone raises by its type; it ends quietly
                 return
             if joined != shown and core.active is self.trace:
                 shown = joined
@@ -96,7 +96,7 @@ def _waits_outside(what: str, describe):
                 return real(*args, **kwargs)
             try:
                 text, watch = describe(args, kwargs)
-            except Exception:
+            except Exception:  # the user's arguments: the real call says what is wrong
                 return real(*args, **kwargs)
             seq = enter_outside(trace, what, text, sys._getframe(1))
             watcher = None

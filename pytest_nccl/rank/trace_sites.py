@@ -173,7 +173,7 @@ def graph_lines(frame) -> list[tuple[str, int]]:
         index = gm._lineno_map.get(frame.f_lineno - frame.f_code.co_firstlineno)
         node = list(gm.graph.nodes)[index]
         stack = node.meta.get("stack_trace") or ""
-    except Exception:
+    except Exception:  # torch.fx's private attributes, any version: no stack then
         return []
     found = []
     for line in stack.splitlines():

@@ -63,7 +63,7 @@ def {name}({params}):
         if key is not None and len(memo) < 10_000:
             memo[key] = found
     described, extra, data, plain = found
-    if p2p:  # point-to-point: numbered apart, matched as pairs (diagnose.py)
+    if p2p:  # point-to-point: numbered apart, matched as pairs (core/waits.py)
         g.p2p_seq = seq = g.p2p_seq + 1
         label, e_line, c_start = g.p2p_label, g.p2p_e_line, g.p2p_c_line
     else:
@@ -71,7 +71,7 @@ def {name}({params}):
         label, e_line, c_start = g.label, g.e_line, g.c_line
         if data is not None:
             g.digest = crc32(data, g.digest)
-        else:  # split sizes: consistency across ranks, not equality (records.digests_agree)
+        else:  # split sizes: consistency across ranks, not equality (core/agreement.py's digests_agree)
             if g.splits is None:
                 g.splits = []
             g.splits.append((seq, plain[6:]))
@@ -111,7 +111,7 @@ def {name}({params}):
     if composite:
         try:
             write(trace.fd, f"R\\t{{label}}\\t{{seq}}\\t{{g.pg._get_sequence_number_for_group()}}\\n".encode())
-        except Exception:
+        except Exception:  # a C++ method, or a closed journal: no R line
             pass
     return result
 """
@@ -268,7 +268,7 @@ def stop() -> tuple[dict[str, tuple], int]:
                 trace.writer.completed(label, seq, now, index)
             else:
                 dangling += 1
-        except Exception:
+        except Exception:  # a Work of a backend that is gone, whatever it raises: not counted
             pass
     # functional collectives nobody waited on: the backend ran them; the rank is out of the test
     for entry in trace.functional.values():
@@ -294,7 +294,7 @@ def flight_recorder_json() -> str | None:
     try:
         # not in torch's type stubs: looked up by name
         return getattr(torch._C._distributed_c10d, "_dump_fr_trace_json")().decode()  # noqa: B009
-    except Exception:
+    except Exception:  # no Flight Recorder in this build or version, whatever it raises
         return None
 
 
@@ -306,7 +306,7 @@ def _pg_config() -> dict:
         try:
             name = pg.group_name
             desc = getattr(pg, "group_desc", "") or ("default_pg" if pg is c10d.GroupMember.WORLD else "undefined")
-        except Exception:
+        except Exception:  # a group being destroyed: its C++ properties raise
             continue
         config[name] = {"name": name, "desc": desc, "ranks": str(sorted(ranks))}
     return config
@@ -323,5 +323,5 @@ def flight_recorder_pickle() -> bytes | None:
         for entry in dump.get("entries", []):
             entry.setdefault("frames", [])
         return pickle.dumps(dump)
-    except Exception:
+    except Exception:  # the dump is optional: whatever torch raises, none
         return None

@@ -67,7 +67,7 @@ class _ServerState:
 def die_with_parent(expected_parent: int) -> None:
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except Exception:
+    except (OSError, AttributeError):  # no libc, or no prctl (not Linux)
         pass
     if os.getppid() != expected_parent:  # the parent died before prctl took effect
         os._exit(1)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..core.referee import TIMING
+from .timing import TIMING
 
 
 def collection_difference(lists: dict, world: int, gone: list) -> str | None:

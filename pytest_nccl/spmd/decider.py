@@ -10,13 +10,14 @@ import time
 from ..core.call import CallDriver, Dumps
 from ..core.journal import parse_journal
 from ..core.messages import Verdict
-from ..core.referee import TIMING, Referee
+from ..core.referee import Referee
 from ..core.reports import CallOutcome, RankReport
 from ..core.sites import stack_top
 from ..core.states import RankState, Reason
 from ..rank.stacks import harness_sites_stripped
 from ..views.report import format_report
 from .store import naps, poll
+from .timing import TIMING
 
 
 def records(text: str, rank: int) -> list:

@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
-from ..core.referee import TIMING
+from ..core.referee import TIMING as RULES
 from ..core.states import Backend
 from ..errors import RankSetupError
 from .release import abort_connections
 from .store import BYE, DONE, LEFT, poll, safe_set
+from .timing import TIMING
 
 if TYPE_CHECKING:  # torch is imported when a rank connects, not when pytest loads the plugin
     from torch.distributed import Store, TCPStore
@@ -64,7 +65,7 @@ class LaunchedGroup:
             self.store = dist.PrefixStore(prefix, self._base)
             self.wstore = dist.PrefixStore(prefix, client())
             self.dstore = dist.PrefixStore(prefix, client()) if launch.rank == 0 else None
-        except Exception as exc:
+        except Exception as exc:  # the launcher's store, any torch: one usage line
             self.store = self.wstore = self.dstore = None
             raise pytest.UsageError(
                 f"pytest-nccl SPMD mode: rank {launch.rank} cannot reach the launcher's store at "
@@ -86,14 +87,14 @@ class LaunchedGroup:
         (the verdicts and bounds are the same everywhere), so they meet under the same prefix."""
         import torch
         import torch.distributed as dist
-        want = bound + TIMING.pg_timeout_margin
+        want = bound + RULES.pg_timeout_margin
         initialized = dist.is_initialized()
         if initialized and not self.need_group and self.pg_timeout >= want:
             return
         if initialized:
             try:
                 dist.destroy_process_group()
-            except Exception as exc:
+            except Exception as exc:  # a group torn down already raises by torch version: said
                 self.debug(f"destroy_process_group: {type(exc).__name__}: {exc}")
         self.gen += 1
         base = self._connected(self._base)
@@ -107,14 +108,14 @@ class LaunchedGroup:
             base.set_timeout(datetime.timedelta(seconds=max(TIMING.group_wait_min, bound)))
             dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.world,
                                     timeout=datetime.timedelta(seconds=want), **kwargs)
-        except Exception as exc:
+        except Exception as exc:  # init_process_group's error differs by backend and torch: one line
             self.need_group = True
             raise RankSetupError(f"pytest-nccl: rank {self.rank} could not create the {self.backend} process group "
                                  f"(generation {self.gen}): {type(exc).__name__}: {exc}") from None
         finally:
             try:
                 base.set_timeout(datetime.timedelta(seconds=TIMING.collect_wait))
-            except Exception:
+            except Exception:  # a store gone raises by its type: nothing left to set
                 pass
         self.need_group = False
         self.pg_timeout = want
@@ -128,7 +129,7 @@ class LaunchedGroup:
             import torch.distributed as dist
             if dist.is_initialized():
                 dist.destroy_process_group()
-        except Exception:
+        except Exception:  # at exit, a group torn down already raises by torch version
             pass
 
     def abort(self, run) -> None:
@@ -141,7 +142,7 @@ class LaunchedGroup:
             try:
                 from torch.distributed.distributed_c10d import _abort_process_group
                 _abort_process_group()
-            except Exception as exc:
+            except Exception as exc:  # a private torch helper, any version: said
                 self.debug(f"_abort_process_group: {type(exc).__name__}: {exc}")
         if run.running:
             run.interrupt = True
@@ -167,7 +168,7 @@ class LaunchedGroup:
         try:
             sys.stdout.flush()
             sys.stderr.flush()
-        except Exception:
+        except Exception:  # about to _exit: a stream may be anything by now
             pass
         os._exit(STUCK_EXIT_CODE)
 

@@ -19,7 +19,6 @@ import pytest
 
 from ..core.agreement import Digest
 from ..core.messages import Collected, Verdict
-from ..core.referee import TIMING
 from ..core.reports import RankReport
 from ..core.states import Backend
 from ..errors import NcclUsageError, RankSetupError
@@ -34,6 +33,7 @@ from .quiet import silence
 from .signals import BoundReached, RankSignals
 from .store import COLLECT, DONE, poll, safe_set
 from .testrun import TestRun, read_fd
+from .timing import TIMING
 from .verdicts import apply_verdict, setup_failure_report
 
 
@@ -64,7 +64,6 @@ class SpmdSession:
         self.backend, self.backend_why = placement.backend, placement.why
         self.group = LaunchedGroup(launch, self.backend, self.debug, self.say)
         self.run: TestRun | None = None        # the marked test in progress on this rank
-        self.last_run: TestRun | None = None
         self.last_nodeid: str | None = None
         self.counts: dict[str, int] = {}
         self.collected = False
@@ -289,7 +288,7 @@ class SpmdSession:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except Exception:
+            except Exception:  # at the session's end: a stream may be anything by now
                 pass
 
     def _key(self, nodeid: str) -> str:
@@ -306,10 +305,9 @@ class SpmdSession:
             tracer.start(run.journal_path)
             run.tracing = True
         self.run = run
-        self.last_run = run
         try:
             run.start()
-        except Exception:
+        except Exception:  # cleanup for any error of the start, which is raised again
             self._end_trace(run)
             run.running = False
             self.run = None
@@ -323,7 +321,7 @@ class SpmdSession:
         from ..rank import tracer
         try:
             return tracer.stop()
-        except Exception as exc:
+        except Exception as exc:  # the tracer on torch's objects, any version: said
             self.debug(f"tracer.stop: {type(exc).__name__}: {exc}")
             return {}, 0
 

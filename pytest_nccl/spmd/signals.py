@@ -24,7 +24,6 @@ class RankSignals:
     def __init__(self, session):
         self.session = session
         self.finishing = False       # the session is over here: SIGTERM is ignored
-        self.sigterm_seen = False
 
     def install(self) -> None:
         try:
@@ -51,7 +50,7 @@ class RankSignals:
                 left = [r for r in range(sp.world) if not sp.group.store.check([run.keys.outcome(r)])]
                 where += (" (another rank's process ended, or the job was cancelled); ranks that had not "
                           f"finished it: {','.join(map(str, left)) or 'none'}")
-            except Exception:
+            except Exception:  # in a signal handler, a store gone raises by its type: said less
                 where += " (another rank's process ended, or the job was cancelled)"
             return where
         if sp.last_nodeid is not None:
@@ -62,7 +61,6 @@ class RankSignals:
         """The launcher stops every rank when one exits with an error (or died): say in one line
         which test this rank was in, then go. Once the session is over here, ignore it: this rank
         leaves on its own, with its own exit code."""
-        self.sigterm_seen = True
         if self.finishing:
             return
         where = self._where()
@@ -70,13 +68,13 @@ class RankSignals:
             capman = self.session.config.pluginmanager.get_plugin("capturemanager")
             if capman is not None:
                 capman.suspend_global_capture(in_=True)
-        except Exception:
+        except Exception:  # in a signal handler: pytest's capture, any version, may refuse
             pass
         for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
             try:
                 if stream is not None:  # sys.__stdout__ is None without a console
                     stream.flush()
-            except Exception:
+            except Exception:  # in a signal handler: a stream may be anything by now
                 pass
         self.session.say(f"the launcher stopped this rank (SIGTERM) {where}")
         os._exit(128 + signum)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from ..core.referee import TIMING
+from .timing import TIMING
 
 COLLECT = "collect/{}"
 DONE = "end/done/{}"
@@ -82,7 +82,7 @@ def poll(ready, until: float) -> bool:
             if ready():
                 return True
             errors = 0
-        except Exception:
+        except Exception:  # a store's error differs by torch version and store type: retried
             errors += 1
             if errors >= STORE_TRIES:
                 return False
@@ -96,6 +96,6 @@ def poll(ready, until: float) -> bool:
 def safe_set(store, key: str, value, on_error=None) -> None:
     try:
         store.set(key, value)
-    except Exception as exc:
+    except Exception as exc:  # a store's error differs by torch version and store type: said
         if on_error is not None:
             on_error(f"store set {key}: {type(exc).__name__}: {exc}")

@@ -12,12 +12,12 @@ import time
 import traceback
 
 from ..core.messages import Verdict
-from ..core.referee import TIMING
 from ..core.reports import CallResult, RankReport
 from ..core.states import Kind, RankState
 from ..rank.stacks import THREAD_PREFIX, format_stacks
 from .decider import Decider
 from .store import TestKeys, poll
+from .timing import TIMING
 
 
 def read_fd(path: str, offset: int = 0) -> bytes:
@@ -82,7 +82,7 @@ class TestRun:
                 try:
                     self.group.dstore.set(self.keys.verdict, pickle.dumps(setup_verdict(
                         f"pytest-nccl: rank 0's decider failed: {text.strip().splitlines()[-1]}")))
-                except Exception:
+                except Exception:  # already failing: the store's error, whatever it is, adds nothing
                     pass
 
     # -- every rank: push the journal, snapshot and abort on request ----------------------------------

@@ -96,7 +96,7 @@ def collect_environment(torch_module: Any = None, packages: Sequence[str] = PACK
     if torch is None:
         try:
             import torch  # noqa: F811
-        except Exception:
+        except Exception:  # a broken torch install raises anything at import: not shown
             torch = None
     if torch is None:
         env.update(torch=NOT_INSTALLED, cuda="n/a", nccl="n/a")
@@ -106,14 +106,14 @@ def collect_environment(torch_module: Any = None, packages: Sequence[str] = PACK
         available = False
         try:
             available = bool(torch.cuda.is_available())
-        except Exception:
+        except Exception:  # CUDA's driver errors differ by torch version: not available
             pass
         if available:
             try:
                 n = torch.cuda.device_count()
                 name = torch.cuda.get_device_name(0)
                 env["cuda"] = f"{cuda_built} ({n} x {name})"
-            except Exception:
+            except Exception:  # CUDA's driver errors differ by torch version: the build only
                 env["cuda"] = str(cuda_built)
             env["nccl"] = nccl_version(torch)
         else:
@@ -128,7 +128,7 @@ def collect_environment(torch_module: Any = None, packages: Sequence[str] = PACK
 def nccl_version(torch: Any) -> str:
     try:
         v = torch.cuda.nccl.version()
-    except Exception:
+    except Exception:  # no NCCL in this build, whatever it raises
         return "unknown"
     if isinstance(v, tuple):
         return ".".join(map(str, v))

@@ -24,7 +24,7 @@ import importlib.resources
 import json
 
 from ..core.diagnosis import Diagnosis
-from ..core.groups import members_of
+from ..core.groups import GroupId, members_of
 from ..core.ops import P2P_OPS
 from ..core.records import CollectiveRecord, RankView
 from ..core.sites import short_path
@@ -100,7 +100,7 @@ def page_data(nodeid: str, ranks: list[RankView], diagnosis: Diagnosis | None, e
             ks = [kind_of(rec) for rec in recs]
             present = [rec for rec in recs if rec is not None]
             # point-to-point ops pair different ops (send with recv): like the diagnosis, never compared
-            p2p = pg.endswith(":p2p") or all(rec.op in P2P_OPS for rec in present)
+            p2p = GroupId.parse(pg).p2p or all(rec.op in P2P_OPS for rec in present)
             agree = len(present) == len(recs) and (p2p or len({rec.signature for rec in present}) == 1)
             match.append("1" if agree else "0")
             if len(set(ks)) == 1:

@@ -23,10 +23,10 @@ import socket
 import threading
 import time
 
-from ..core.referee import TIMING
 from ..rank import tracer
 from ..rank.stacks import THREAD_PREFIX, format_stacks
 from . import jobdir
+from .timing import TIMING
 
 
 def alive(pid: int) -> bool:
@@ -46,7 +46,7 @@ def fr_status():
         # not in torch's type stubs: looked up by name
         text = getattr(torch._C._distributed_c10d, "_dump_fr_trace_json")(False, True)  # noqa: B009
         return json.loads(text.decode()).get("pg_status")
-    except Exception:
+    except Exception:  # no Flight Recorder in this build or version, whatever it raises
         return None
 
 
@@ -59,7 +59,7 @@ def dump() -> dict:
 def rotate(path: str, fd: int) -> None:
     """Point the journal's descriptor at a fresh file, then give it the journal's name, the old one
     becoming ``path.1``: the watch follows the file by name, so it sees the new one only once nothing
-    more goes to the old one (``monitor.JournalFile``)."""
+    more goes to the old one (``follow.JournalFile``)."""
     fresh = os.open(path + ".new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
     os.dup2(fresh, fd)
     os.close(fresh)
@@ -120,7 +120,7 @@ class Agent:
             if conn is not None:
                 try:
                     self._answer(conn)
-                except Exception:
+                except Exception:  # a thread in the user's rank: one answer failed, it goes on
                     pass
                 finally:
                     conn.close()
@@ -128,7 +128,7 @@ class Agent:
                 next_chores = time.monotonic() + 1.0
                 try:
                     self._chores()
-                except Exception:
+                except Exception:  # a thread in the user's rank: a chore failed, it goes on
                     pass
 
     def _answer(self, conn: socket.socket) -> None:

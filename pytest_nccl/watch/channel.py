@@ -42,8 +42,9 @@ import threading
 import time
 from typing import Callable
 
-from ..core.referee import TIMING
 from ..core.reports import RankReport
+from .jobdir import RankInfo
+from .timing import TIMING
 
 PREFIX = "pytest-nccl-watch"
 KEEP_CHUNKS = 64        # journal chunks kept per rank: about 3 s of journal at one chunk per tick
@@ -230,7 +231,7 @@ class Channel:
         raw = self._get(self._k("verdict"))
         try:
             return pickle.loads(raw) if raw else None
-        except Exception:
+        except Exception:  # a torn or foreign value: unpickling raises any of a dozen types
             return None
 
 
@@ -275,11 +276,11 @@ def _store(host: str, port: int, timeout: float, server: bool = False):
 
         return dist.TCPStore(host, port, is_master=server, wait_for_workers=False,
                              timeout=datetime.timedelta(seconds=timeout))
-    except Exception:
+    except Exception:  # TCPStore's error differs by torch version and cause: no store
         return None
 
 
-def connect(info: dict, decides: Callable[[], bool], timeout: float = 5.0,
+def connect(info: RankInfo, decides: Callable[[], bool], timeout: float = 5.0,
             wait: float = CONNECT_WAIT) -> Channel | None:
     """The channel between the watches of the job a rank belongs to (``info``: its rank-R.json).
 
@@ -288,10 +289,10 @@ def connect(info: dict, decides: Callable[[], bool], timeout: float = 5.0,
     ``pytest-nccl-watch/<job>/channel`` in the job's store at ``MASTER_ADDR:MASTER_PORT``; every other
     watch reads the address there (for ``wait`` seconds) and connects. None when the rank named no
     store, it cannot be reached, or no watch of rank 0's node announced a channel."""
-    host, port = info.get("master_addr"), info.get("master_port")
+    host, port = info.master_addr, info.master_port
     if not host or not port:
         return None
-    job = f"{info.get('run_id') or 'job'}/{info.get('attempt') or 0}"
+    job = f"{info.run_id or 'job'}/{info.attempt or 0}"
     key = f"{PREFIX}/{job}/channel"
     deadline = time.monotonic() + wait
     job_store, server = None, None
@@ -315,7 +316,7 @@ def connect(info: dict, decides: Callable[[], bool], timeout: float = 5.0,
                 store = reopen()
                 if store is not None:
                     return Channel(store, job, reopen)
-        except Exception as exc:
+        except Exception as exc:  # any store's error (by torch version): said, tried again
             _debug(f"channel: the job's store at {host}:{port}: {type(exc).__name__}: {exc}")
             job_store = None
         time.sleep(TIMING.ask_poll)

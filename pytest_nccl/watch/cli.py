@@ -29,7 +29,6 @@ import tempfile
 import time
 
 from ..core.diagnosis.wording import rank_list
-from ..core.referee import TIMING
 from ..core.reports import CallOutcome
 from ..core.sites import headline_site
 from ..core.states import Reason
@@ -50,6 +49,7 @@ from .outcome import (  # noqa: F401  (the statuses, named where they were)
     peers_line,
     waited_for_peers,
 )
+from .timing import TIMING
 
 EXIT_USAGE = 2
 EXIT_CANNOT_EXECUTE = 126
@@ -320,16 +320,15 @@ class Watch:
         present = {}
         for name in _listdir(directory):
             if name.startswith("joining-") and name.endswith(".json"):
-                info = jobdir.read_json(os.path.join(directory, name))
-                if info is None or info.get("host") != socket.gethostname():
+                note = jobdir.read_joining(os.path.join(directory, name))
+                if note is None or note.host != socket.gethostname():
                     continue
-                pid = int(info.get("pid") or 0)
-                if jobdir.process_start(pid) != info.get("start"):
+                pid = note.pid or 0
+                if jobdir.process_start(pid) != note.start:
                     continue  # gone
                 seen = self.joining.get(pid)
-                waits = Waits.RENDEZVOUS if info.get("what") == Waits.RENDEZVOUS.value else Waits.INIT
-                present[pid] = seen or Joining(pid, now, info.get("rank"), info.get("world"),
-                                               headline_site(info.get("site") or ""), waits)
+                waits = Waits.RENDEZVOUS if note.what == Waits.RENDEZVOUS.value else Waits.INIT
+                present[pid] = seen or Joining(pid, now, note.rank, note.world, headline_site(note.site), waits)
         self.joining = present
         waiting = waited_for_peers(list(present.values()), len(self.monitor.ranks), now, self.args.timeout)
         if waiting:

@@ -21,9 +21,9 @@ import signal
 import subprocess
 import time
 
-from ..core.referee import TIMING
 from . import jobdir
 from .leftovers import Guardian, ShmFiles
+from .timing import TIMING
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36

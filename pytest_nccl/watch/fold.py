@@ -31,7 +31,7 @@ def install(module) -> None:
                 sys.stderr.write(f"{os.path.basename(sys.argv[0]) or 'launcher'} (pid {os.getpid()}): "
                                  f"{kind.__name__}: {value} (the watch ended the job; traceback folded)\n")
                 return
-            except Exception:
+            except Exception:  # an excepthook never raises: stderr may be anything by now
                 pass
         previous(kind, value, tb)
 

@@ -16,6 +16,7 @@ from ..core.reports import RankReport
 from ..core.states import RankState
 from . import jobdir
 from .channel import Channel
+from .jobdir import RankInfo
 
 READ_CHUNK = 8 << 20      # bytes of one journal read in one tick at most
 
@@ -93,7 +94,7 @@ class LocalRank:
 
     remote = False
 
-    def __init__(self, rank: int, info: dict, directory: str):
+    def __init__(self, rank: int, info: RankInfo, directory: str):
         self.rank, self.info, self.directory = rank, info, directory
         self.journal = JournalFile(jobdir.journal(directory, rank))
         self.exit_code: int | None = None  # seen while the process was a zombie
@@ -116,7 +117,7 @@ class LocalRank:
 
     def gone(self) -> bool:
         """The process ended (a zombie counts; its exit status is kept when readable)."""
-        pid, start = self.info.get("pid"), self.info.get("start")
+        pid, start = self.info.pid, self.info.start
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
@@ -173,7 +174,7 @@ class RemoteRank:
     remote = True
     exit_code = None
 
-    def __init__(self, rank: int, info: dict, channel: Channel):
+    def __init__(self, rank: int, info: RankInfo, channel: Channel):
         self.rank, self.info, self.channel = rank, info, channel
         self.journal = RemoteJournal(channel, rank)
 

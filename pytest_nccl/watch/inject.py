@@ -50,7 +50,7 @@ WRAPPED = "_pytest_nccl_watch"  # set on what the watch wrapped: never wrapped t
 def _warn(text: str) -> None:
     try:
         sys.stderr.write(f"pytest-nccl watch (pid {os.getpid()}): {text}\n")
-    except Exception:
+    except Exception:  # in the user's process: stderr may be anything (closed, replaced)
         pass
 
 
@@ -73,7 +73,7 @@ def after_torch() -> None:
         _when_imported(fold.SIGNAL_EXCEPTION, fold.install)  # torchrun's traceback of our SIGTERM
         os.makedirs(base, exist_ok=True)  # a test's directory is made by the first process that needs it
         jobdir.touch(jobdir.torch_marker(base, os.getpid()))
-    except Exception as exc:
+    except Exception as exc:  # never stop the user's process: said, it runs untraced
         _warn(f"collectives are not traced in this process ({type(exc).__name__}: {exc})")
 
 
@@ -88,7 +88,7 @@ def after_fork() -> None:
         _forked = True
         _wrap_sys_exit()
         _wrap_init_process_group()
-    except Exception as exc:
+    except Exception as exc:  # never stop the user's process: said, it runs untraced
         _warn(f"collectives are not traced in this process ({type(exc).__name__}: {exc})")
 
 
@@ -119,12 +119,12 @@ class _AfterImport:
                 sys.meta_path.remove(self)
             try:
                 self.then(module)
-            except Exception as exc:
+            except Exception as exc:  # never stop the user's import: said
                 _warn(f"cannot follow {self.name} ({type(exc).__name__}: {exc})")
 
         try:
             loader.exec_module = exec_module
-        except Exception:
+        except Exception:  # a loader that takes no attributes: this module goes unfollowed
             pass
         return spec
 
@@ -199,7 +199,7 @@ def _wrap_init_process_group() -> None:
         if (name == "torch" or name.startswith("torch.")) and getattr(module, "init_process_group", None) is real:
             try:
                 setattr(module, "init_process_group", init_process_group)  # noqa: B010  (any torch module)
-            except Exception:
+            except Exception:  # a torch module with its own __setattr__ keeps its own name
                 pass
 
 
@@ -208,7 +208,7 @@ def _install_tracer() -> None:
         from ..rank import tracer
 
         tracer.install()
-    except Exception as exc:
+    except Exception as exc:  # never stop the user's process: said, it runs untraced
         _warn(f"collectives are not traced in this process ({type(exc).__name__}: {exc})")
 
 
@@ -227,7 +227,7 @@ def _joining(real, args, kwargs, frame) -> str | None:
 
         return _note_joining(rank=given_or_env("rank", "RANK"), world=given_or_env("world_size", "WORLD_SIZE"),
                              site=tracer.call_site(frame), what="init_process_group")
-    except Exception:
+    except Exception:  # a note for the watch, never an error of the user's call
         return None
 
 
@@ -241,12 +241,12 @@ def _note_joining(*, rank, world, site: str, what: str) -> str | None:
         directory = jobdir.attempt_dir(env[jobdir.ENV_DIR], jobdir.attempt_of(env))
         os.makedirs(directory, exist_ok=True)
         path = jobdir.joining(directory, os.getpid())
-        jobdir.write_json(path, {"pid": os.getpid(), "start": jobdir.process_start(os.getpid()),
-                                 "host": socket.gethostname(), "t": time.time(), "rank": jobdir.int_or(rank),
-                                 "world": jobdir.int_or(world), "site": site, "what": what,
-                                 "local_world": jobdir.int_or(env.get("LOCAL_WORLD_SIZE"))})
+        jobdir.write_json(path, jobdir.JoiningNote(
+            pid=os.getpid(), start=jobdir.process_start(os.getpid()), host=socket.gethostname(), t=time.time(),
+            rank=jobdir.int_or(rank), world=jobdir.int_or(world), site=site, what=what,
+            local_world=jobdir.int_or(env.get("LOCAL_WORLD_SIZE"))).to_dict())
         return path
-    except Exception:
+    except Exception:  # a note for the watch, never an error of the user's call
         return None
 
 
@@ -276,7 +276,7 @@ def _started() -> None:
             return  # init_process_group raised
         _rank = _Rank(os.environ[jobdir.ENV_DIR])
         _rank.start()
-    except Exception as exc:
+    except Exception as exc:  # never stop the user's process: said, it runs unfollowed
         _warn(f"pytest-nccl watch cannot follow this rank ({type(exc).__name__}: {exc})")
 
 
@@ -322,16 +322,16 @@ class _Rank:
             faulthandler.enable(file=self.fatal_file, all_threads=True)
         atexit.register(self.at_exit)
         self._multiprocessing_exit()
-        jobdir.write_json(jobdir.rank_info(d, r), {
-            "rank": r, "world": self.world, "local_rank": os.environ.get("LOCAL_RANK"),
-            "pid": self.pid, "start": jobdir.process_start(self.pid), "host": socket.gethostname(),
-            "backend": self.backend, "t0": time.time(), "argv": sys.argv[:8],
-            "attempt": self.attempt, "max_restarts": jobdir.max_restarts_of(os.environ),
+        jobdir.write_json(jobdir.rank_info(d, r), jobdir.RankInfo(
+            rank=r, world=self.world, local_rank=os.environ.get("LOCAL_RANK"),
+            pid=self.pid, start=jobdir.process_start(self.pid), host=socket.gethostname(),
+            backend=self.backend, t0=time.time(), argv=sys.argv[:8],
+            attempt=self.attempt, max_restarts=jobdir.max_restarts_of(os.environ),
             # the other nodes: how many ranks this node has, and the job's store, through which the
             # watches of several nodes see each other's ranks (channel.py)
-            "local_world": os.environ.get("LOCAL_WORLD_SIZE"), "node": os.environ.get("GROUP_RANK"),
-            "master_addr": os.environ.get("MASTER_ADDR"), "master_port": os.environ.get("MASTER_PORT"),
-            "run_id": os.environ.get("TORCHELASTIC_RUN_ID")})
+            local_world=os.environ.get("LOCAL_WORLD_SIZE"), node=os.environ.get("GROUP_RANK"),
+            master_addr=os.environ.get("MASTER_ADDR"), master_port=os.environ.get("MASTER_PORT"),
+            run_id=os.environ.get("TORCHELASTIC_RUN_ID")).to_dict())
 
     def _multiprocessing_exit(self) -> None:
         """In a multiprocessing child, the exit record is written by multiprocessing's exit path (a
@@ -355,7 +355,7 @@ class _Rank:
             record = _outcome(self.rank, exc)
             record.ended = time.time()
             jobdir.write_text(jobdir.exit_record(self.directory, self.rank), record.to_json())
-        except Exception as err:
+        except Exception as err:  # at exit, never in the way of the process's own status: said
             _warn(f"no exit record ({type(err).__name__}: {err})")
         if self.agent is not None:
             self.agent.close()

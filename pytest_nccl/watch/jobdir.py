@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import asdict, dataclass, field, fields
 
 ENV_DIR = "PYTEST_NCCL_WATCH_DIR"        # the job's directory; its presence turns the hook on
 ENV_PKG = "PYTEST_NCCL_WATCH_PKG"        # a directory pytest_nccl can be imported from
@@ -146,6 +147,95 @@ def read_json(path: str) -> dict | None:
             return json.load(f)
     except (OSError, ValueError):
         return None
+
+
+@dataclass
+class RankInfo:
+    """``rank-R.json``: what a rank says of itself once its default group exists (written by
+    inject.py, read by its node's watch, published as written to the other nodes' watches)."""
+
+    rank: int = 0
+    world: int = 0
+    local_rank: str | None = None    # the launcher's LOCAL_RANK, as the environment has it
+    pid: int | None = None
+    start: int | None = None         # ``process_start(pid)``
+    host: str = ""
+    backend: str = ""
+    t0: float = 0.0
+    argv: list = field(default_factory=list)
+    attempt: int = 0                 # torchrun's restart count
+    max_restarts: int = 0
+    local_world: str | None = None   # the launcher's LOCAL_WORLD_SIZE, as the environment has it
+    node: str | None = None          # the launcher's GROUP_RANK
+    master_addr: str | None = None   # the job's store (several nodes: channel.py)
+    master_port: str | None = None
+    run_id: str | None = None
+
+    @property
+    def local_ranks(self) -> int | None:
+        """The node's rank count (``local_world`` as a number), None when not known."""
+        return int_or(self.local_world)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def decode(cls, data) -> RankInfo | None:
+        """From the JSON object of the file or the channel; None when it is not an object. Keys it
+        lacks keep their defaults, keys it does not know are left out; numbers written as text read."""
+        return _decode(cls, data, ints=("rank", "world", "attempt", "max_restarts"), optional=("pid", "start"))
+
+
+@dataclass
+class JoiningNote:
+    """``joining-PID.json``: a process waiting in ``init_process_group`` (``what``), or for its peers
+    in a launcher's rendezvous ("rendezvous": ``rank``/``world`` count nodes then)."""
+
+    pid: int | None = None
+    start: int | None = None         # ``process_start(pid)``
+    host: str = ""
+    t: float = 0.0
+    rank: int | None = None
+    world: int | None = None
+    site: str = ""
+    what: str = ""
+    local_world: int | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def decode(cls, data) -> JoiningNote | None:
+        return _decode(cls, data, ints=(), optional=("pid", "start", "rank", "world", "local_world"))
+
+
+def _decode(cls, data, ints: tuple, optional: tuple):
+    """The one decoder of the watch's JSON files: ``cls`` from ``data`` (a dict), ``ints`` read as
+    numbers (else 0), ``optional`` as numbers or None."""
+    if not isinstance(data, dict):
+        return None
+    known = {f.name for f in fields(cls)}
+    values = {k: v for k, v in data.items() if k in known}
+    for name in ints:
+        if name in values:
+            values[name] = int_or(values[name], 0)
+    for name in optional:
+        if name in values:
+            values[name] = int_or(values[name])
+    for name in ("host", "backend", "site", "what"):
+        if name in values and values[name] is None:
+            values[name] = ""
+    return cls(**values)
+
+
+def read_rank_info(path: str) -> RankInfo | None:
+    """A ``rank-R.json`` file; None when it is absent or not yet whole."""
+    return RankInfo.decode(read_json(path))
+
+
+def read_joining(path: str) -> JoiningNote | None:
+    """A ``joining-PID.json`` file; None when it is gone or unreadable."""
+    return JoiningNote.decode(read_json(path))
 
 
 def process_start(pid: int) -> int | None:

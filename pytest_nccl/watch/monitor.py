@@ -22,15 +22,17 @@ from ..core.call import CallDriver, Dumps, flight_recorder_merged
 from ..core.diagnosis.wording import JOB
 from ..core.flight import with_flight_recorder
 from ..core.records import RankView
-from ..core.referee import TIMING, Referee
+from ..core.referee import Referee
 from ..core.reports import CallOutcome, RankReport
 from ..core.states import RankState, Reason
 from . import jobdir
 from .channel import CONNECT_WAIT
 from .channel import connect as channel_connect
 from .follow import Followed, LocalRank, RemoteRank, ask_all, fr_progress
+from .jobdir import RankInfo
 from .nodes import Nodes
 from .rankreport import report_of
+from .timing import TIMING
 from .window import Window
 
 
@@ -167,22 +169,22 @@ class Monitor:
             rank = jobdir.rank_of(name)
             if rank is None or rank in self.ranks:
                 continue
-            info = jobdir.read_json(os.path.join(self.dir, name))
+            info = jobdir.read_rank_info(os.path.join(self.dir, name))
             if info is None:
                 continue
             self.ranks[rank] = Followed(rank, LocalRank(rank, info, self.dir))
-            _debug(f"rank {rank} joined: pid {info.get('pid')}")
+            _debug(f"rank {rank} joined: pid {info.pid}")
             if self.referee is None:
                 self._first_rank(info, now)
             if self.nodes is not None:
-                self.nodes.channel.publish_info(rank, info)
+                self.nodes.channel.publish_info(rank, info.to_dict())
         if self.nodes is not None:
             for rank in range(self.world):
                 if rank not in self.ranks:
-                    info = self.nodes.channel.info(rank)
+                    info = RankInfo.decode(self.nodes.channel.info(rank))
                     if info is not None:
                         self.ranks[rank] = Followed(rank, RemoteRank(rank, info, self.nodes.channel))
-                        _debug(f"rank {rank} joined on another node: pid {info.get('pid')} on {info.get('host')}")
+                        _debug(f"rank {rank} joined on another node: pid {info.pid} on {info.host}")
 
     def _prewarm(self, names: list) -> None:
         """A process of a job on several nodes waits for its peers: import torch now, in the
@@ -190,29 +192,29 @@ class Monitor:
         is up soon after the group is."""
         for name in names:
             if name.startswith("joining-") and name.endswith(".json"):
-                info = jobdir.read_json(os.path.join(self.dir, name)) or {}
-                world, local = jobdir.int_or(info.get("world")), jobdir.int_or(info.get("local_world"))
+                note = jobdir.read_joining(os.path.join(self.dir, name))
+                world, local = (note.world, note.local_world) if note is not None else (None, None)
                 if world and local and local < world:
                     self._prewarmed = True
                     threading.Thread(target=_import_torch_distributed, name="pytest-nccl-watch-prewarm",
                                      daemon=True).start()
                     return
 
-    def _first_rank(self, info: dict, now: float) -> None:
+    def _first_rank(self, info: RankInfo, now: float) -> None:
         """The world is the one the first rank saw; a world larger than its node's ranks runs on
         other nodes too: reach their watches through the job's store."""
-        self.world = int(info.get("world") or 0)
+        self.world = info.world
         self.t0 = now
         self.referee = Referee(self.world, self.timeout, now, trace=True, rolling=True)
         self.driver = CallDriver(self.referee, self.view)
-        local_world = jobdir.int_or(info.get("local_world"), self.world) or self.world
+        local_world = info.local_ranks or self.world
         self.node_count = -(-self.world // local_world)
         if self.other_nodes:  # reached in the background: the store may be slow to answer, or gone
             self._connecting.set()
             threading.Thread(target=self._reach_other_nodes, args=(info,), name="pytest-nccl-watch-connect",
                              daemon=True).start()
 
-    def _reach_other_nodes(self, info: dict) -> None:
+    def _reach_other_nodes(self, info: RankInfo) -> None:
         try:
             _debug("ranks on other nodes: reaching their watches")
             channel = self.connect(info, lambda: 0 in self.local_ranks())
@@ -220,7 +222,7 @@ class Monitor:
             if channel is None or self._stop.is_set():
                 return
             for rank, f in self.local_ranks().items():
-                channel.publish_info(rank, f.info)
+                channel.publish_info(rank, f.info.to_dict())
             self.nodes = Nodes(channel, self.local_ranks, self._ended_report)
         except Exception as exc:  # said, and on with what this watch sees itself
             _debug(f"the channel to the other nodes: {type(exc).__name__}: {exc}")
@@ -318,7 +320,7 @@ class Monitor:
         self._await_other_nodes()
         view = self.view
         view.answers = {}
-        backend = next((f.info.get("backend", "") for f in self.ranks.values()), "")
+        backend = next((f.info.backend for f in self.ranks.values()), "")
         outcome = self._driver().conclude(reason, bound=self.timeout, elapsed=now - self.t0,
                                           backend=backend, trace=True, words=JOB)
         if outcome.diagnosis is None:  # clean: the views carry the window all the same
@@ -356,7 +358,7 @@ class Monitor:
 
     def _await_other_nodes(self) -> None:
         """On several nodes: the other nodes' watches reached and in sync (within
-        ``Timing.agree_wait``), and what they published read, before judging the whole job."""
+        ``WatchTiming.agree_wait``), and what they published read, before judging the whole job."""
         if not self.other_nodes:
             return
         deadline = time.monotonic() + CONNECT_WAIT  # a loaded host: a verdict late, not a verdict blind
@@ -382,7 +384,7 @@ def _import_torch_distributed() -> None:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     try:
         import torch.distributed  # noqa: F401
-    except Exception:
+    except Exception:  # a prewarm only: a broken torch says so where it is used
         pass
 
 

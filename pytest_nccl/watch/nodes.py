@@ -7,9 +7,9 @@ announces in the job's own store (``channel.py``).
   ask of its ranks' agents (stacks, Flight Recorder);
 - every watch judges the whole job from the same data, and all give one verdict: the watch of the
   node of rank 0 decides (``agree`` publishes its finding, and returns once every other watch took
-  it, or ``Timing.agree_wait`` passed: the channel ends with that watch); the others take it
+  it, or ``WatchTiming.agree_wait`` passed: the channel ends with that watch); the others take it
   as soon as it is published (``decided_elsewhere``), or give their own when none comes within
-  ``Timing.agree_wait`` (rank 0's node is gone).
+  ``WatchTiming.agree_wait`` (rank 0's node is gone).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import threading
 import time
 from typing import Callable
 
-from ..core.referee import TIMING
 from ..core.reports import RankReport
 from . import jobdir
 from .channel import CONNECT_WAIT, Channel
 from .follow import JournalFile
+from .timing import TIMING
 
 
 class Nodes:

@@ -3,7 +3,7 @@ Pure (no processes, no files): tested on data.
 
 - ``on_verdict``: a verdict of the attempt being followed ends the job, unless the launcher restarts
   failed workers and this attempt has restarts left and the verdict is one the launcher acts on by
-  itself (``referee.launcher_restarts``: a rank raised or died): then it is that attempt's verdict,
+  itself (``judge.launcher_restarts``: a rank raised or died): then it is that attempt's verdict,
   reported, and the watch follows the next attempt. ``--keep-running`` reports and waits.
 - ``exit_status``: one status per outcome, whoever ended the job first: 3 for a verdict (the watch
   ended the job, or the job ended before the watch concluded and its journals show the failure),
@@ -46,9 +46,9 @@ class Attempt:
 
 
 def attempt_of(infos: list) -> Attempt:
-    """The attempt of a set of ``rank-R.json`` records (they agree: one launcher set them)."""
-    restarts = [int(i.get("attempt") or 0) for i in infos] or [0]
-    limits = [int(i.get("max_restarts") or 0) for i in infos] or [0]
+    """The attempt of a set of ``rank-R.json`` records (``RankInfo``: they agree, one launcher set them)."""
+    restarts = [i.attempt for i in infos] or [0]
+    limits = [i.max_restarts for i in infos] or [0]
     return Attempt(max(restarts), max(limits))
 
 

@@ -14,6 +14,7 @@ import time
 from ..core.messages import TestCall
 from .control import _signal
 from .jobdir import ENV_DIR, process_start
+from .timing import TIMING
 
 #: processes of the pytest process that serve later tests too: spared (matched in their command line)
 SHARED_HELPERS = (b"multiprocessing.resource_tracker", b"multiprocessing.forkserver", b"torch_shm_manager")
@@ -81,8 +82,6 @@ class TestProcesses:
         return found
 
     def wait_gone(self, seconds: float) -> bool:
-        from ..core.referee import TIMING
-
         deadline = time.monotonic() + seconds
         while self.find():
             if time.monotonic() >= deadline:
@@ -92,9 +91,7 @@ class TestProcesses:
 
     def end(self) -> None:
         """SIGTERM once to each (torchrun stops its workers on the first), then SIGKILL after the watch's
-        ``Timing.job_term_wait``."""
-        from ..core.referee import TIMING
-
+        ``WatchTiming.job_term_wait``."""
         term_wait = TIMING.job_term_wait
         signalled: set[int] = set()
         deadline = time.monotonic() + term_wait

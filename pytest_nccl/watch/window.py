@@ -10,7 +10,7 @@ group's, which are not aligned across ranks, rank by rank, keeping their numbers
 
 from __future__ import annotations
 
-from ..core.groups import members_of
+from ..core.groups import GroupId, members_of
 from ..core.journal import JournalTail
 from .follow import Followed
 
@@ -32,7 +32,7 @@ class Window:
         for rec in f.tail.feed(data):
             f.count[rec.pg] = rec.seq
             f.kept[rec.pg] = f.kept.get(rec.pg, 0) + 1
-            if not rec.pg.endswith(":p2p"):
+            if not GroupId.parse(rec.pg).p2p:
                 rec.before = self.base.get(rec.pg, 0)
                 rec.seq -= rec.before
             f.records.append(rec)
@@ -43,9 +43,9 @@ class Window:
         aligned across ranks, are dropped rank by rank and keep their numbers."""
         for f in ranks.values():
             for pg, kept in list(f.kept.items()):
-                if pg.endswith(":p2p") and kept >= 2 * KEEP:
+                if GroupId.parse(pg).p2p and kept >= 2 * KEEP:
                     self._drop(f, pg, kept - KEEP, renumber=0)
-        groups = {pg for f in ranks.values() for pg in f.count if not pg.endswith(":p2p")}
+        groups = {pg for f in ranks.values() for pg in f.count if not GroupId.parse(pg).p2p}
         for pg in groups:
             members = set(members_of(pg, world))
             entered = [f.count[pg] for r, f in ranks.items() if r in members and pg in f.count]
@@ -60,7 +60,7 @@ class Window:
 
     def _drop(self, f: Followed, pg: str, n: int, renumber: int) -> None:
         """Drop ``n`` records of ``pg`` from the front of the rank's window, renumbering the rest."""
-        base = 0 if pg.endswith(":p2p") else self.base.get(pg, 0)
+        base = 0 if GroupId.parse(pg).p2p else self.base.get(pg, 0)
         out, dropped, last = [], 0, 0
         for rec in f.records:
             if rec.pg == pg and dropped < n:

@@ -4,7 +4,7 @@ order the ranks issued things (never by timing, nor by the order the journals we
 
 from __future__ import annotations
 
-from ..groups import group_base, members_of
+from ..groups import GroupId, members_of
 from ..ops import P2P_OPS
 from ..records import CollectiveRecord, RankView
 from ..states import Kind, RankState
@@ -64,7 +64,7 @@ def _issue_key(rec: CollectiveRecord) -> tuple:
     """What identifies 'the same collective' across ranks and groups: the op and the line that issued
     it (a DeviceMesh's tp[0,1] and tp[2,3] all_reduce from one line are one collective of the code)."""
     frame = rec.site.split(" <- ")[0]
-    return (rec.op, frame) if frame else (rec.op, group_base(rec.pg))
+    return (rec.op, frame) if frame else (rec.op, GroupId.parse(rec.pg).name)
 
 
 def _first_index(view: RankView, key: tuple) -> int | None:

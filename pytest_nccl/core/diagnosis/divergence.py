@@ -5,7 +5,7 @@ disagreement itself."""
 from __future__ import annotations
 
 from ..agreement import split_disagreement
-from ..groups import members_of
+from ..groups import GroupId, members_of
 from ..ops import P2P_OPS, SHAPE_MATCHED_OPS, SPLIT_OPS
 from ..records import CollectiveRecord, RankView
 from ..states import Kind, Source
@@ -63,7 +63,7 @@ def first_divergence(ranks: list[RankView]) -> Divergence | None:
     world = len(views)
     place = {id(rec): i for v in views.values() for i, rec in enumerate(v.records)}
     groups = {rec.pg for v in views.values() for rec in v.records
-              if not (rec.pg.endswith(":p2p") or rec.op in P2P_OPS or rec.source == Source.OUTSIDE)}
+              if not (GroupId.parse(rec.pg).p2p or rec.op in P2P_OPS or rec.source == Source.OUTSIDE)}
     found = []
     for pg in sorted(groups, key=pg_order):
         members = [r for r in members_of(pg, world) if r in views]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..groups import rank_ranges
+from ..groups import GroupId, rank_ranges
 from ..records import CollectiveRecord, RankView
 from ..sites import headline_site, rendezvous_at
 from ..states import RankState, Source
@@ -95,7 +95,7 @@ def where(rec: CollectiveRecord, transfer=None) -> str:
     else:
         origin = f" from {site}" if site else ""
     if rec.p2p:
-        group = rec.pg.removesuffix(":p2p")
+        group = GroupId.parse(rec.pg).collectives.label
         transfer = transfer or (rec.blocking_p2p() or rec.p2p)[0]
         return f"{transfer.call(rec.op)}{'' if group == 'default' else ' in group ' + group}{origin}"
     return f"{rec.op} #{rec.number} of group {rec.pg}{origin}"

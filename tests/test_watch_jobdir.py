@@ -1,0 +1,43 @@
+"""The watch's JSON files (``rank-R.json``, ``joining-PID.json``) as dataclasses with one decoder: what a
+rank writes reads back the same, and a file that lacks keys, has numbers as text or keys it does not
+know still reads (a rank of another version, a test's file)."""
+
+import json
+
+from pytest_nccl.watch import jobdir
+from pytest_nccl.watch.jobdir import JoiningNote, RankInfo
+
+
+def test_a_rank_info_reads_back_as_written(tmp_path):
+    info = RankInfo(rank=3, world=8, local_rank="3", pid=1234, start=99, host="node0", backend="gloo", t0=1.5,
+                    argv=["train.py"], attempt=1, max_restarts=2, local_world="4", node="0",
+                    master_addr="10.0.0.1", master_port="29500", run_id="job7")
+    path = jobdir.rank_info(str(tmp_path), 3)
+    jobdir.write_json(path, info.to_dict())
+    assert jobdir.read_rank_info(path) == info
+    # the file keeps the keys and the order the watch and other nodes always read
+    assert list(json.loads(open(path).read())) == [
+        "rank", "world", "local_rank", "pid", "start", "host", "backend", "t0", "argv", "attempt", "max_restarts",
+        "local_world", "node", "master_addr", "master_port", "run_id"]
+    assert info.local_ranks == 4 and RankInfo().local_ranks is None
+
+
+def test_the_decoder_is_lenient():
+    info = RankInfo.decode({"rank": "2", "world": 4, "pid": "77", "start": None, "host": None, "extra": 1})
+    assert info == RankInfo(rank=2, world=4, pid=77, start=None, host="")
+    assert RankInfo.decode({"world": "x"}) == RankInfo(world=0)
+    for not_an_object in (None, [], "rank", 3):
+        assert RankInfo.decode(not_an_object) is None and JoiningNote.decode(not_an_object) is None
+
+
+def test_a_joining_note(tmp_path):
+    note = JoiningNote(pid=10, start=5, host="h", t=2.0, rank=0, world=4, site="train.py:7",
+                       what="init_process_group", local_world=2)
+    path = jobdir.joining(str(tmp_path), 10)
+    jobdir.write_json(path, note.to_dict())
+    assert jobdir.read_joining(path) == note
+    assert JoiningNote.decode({"pid": 10, "rank": "1", "world": None, "site": None}) == JoiningNote(pid=10, rank=1)
+    assert jobdir.read_joining(str(tmp_path / "gone.json")) is None
+    with open(path, "w") as f:
+        f.write('{"pid": 1')  # half a file
+    assert jobdir.read_joining(path) is None
