@@ -31,7 +31,7 @@ import time
 from ..core.referee import TIMING
 from ..core.sites import headline_site
 from ..core.states import Reason
-from . import control, jobdir, present
+from . import control, jobdir, present, stragglers
 from .finding import Finding
 from .monitor import Monitor
 from .outcome import (  # noqa: F401  (the statuses, named where they were)
@@ -364,6 +364,10 @@ class Watch:
                     say(f"{PROG}: trace written to {written[0]}")
 
     def _done(self, code: int, returncode) -> int:
+        found = self._stragglers()
+        if not self.args.quiet:
+            for line in stragglers.lines(found):
+                say(f"{PROG}: {line}")
         if self.args.json:
             text = present.summary(self.finding, exit_code=code,
                                    job_exit_code=None if returncode is None else status_of(returncode),
@@ -371,6 +375,7 @@ class Watch:
                                    ended_by_watch=self.ended_by_watch, trace_files=self.trace_files,
                                    restart=self.attempt, earlier=[(a.restart, f) for a, f in self.earlier],
                                    peers_missing=self.peers_missing or None, watched=self._watched())
+            text = stragglers.with_stragglers(text, found)
             try:
                 with open(self.args.json, "w") as f:
                     f.write(text + "\n")
@@ -378,6 +383,12 @@ class Watch:
                 say(f"{PROG}: cannot write --json {self.args.json}: {exc}")
         return code
 
+
+    def _stragglers(self) -> list:
+        monitor = getattr(self, "monitor", None)
+        if monitor is None or not monitor.ranks:
+            return []
+        return stragglers.of_job(jobdir.attempt_dir(self.dir, self.attempt), list(monitor.ranks))
 
     def _watched(self) -> dict:
         monitor = getattr(self, "monitor", None)
