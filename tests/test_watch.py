@@ -213,6 +213,9 @@ def test_shape_mismatch(tmp_path):
     assert (f"shape mismatch in all_reduce #4 of group default: rank 0 [1], rank 1 [4] "
             f"(from train.py:{line('# the mismatch')})") in run.stderr, run.stderr
     assert run.summary["kind"] == "shape-mismatch" and run.summary["elapsed_s"] < 10
+    # torchrun's own ~25-line traceback of the watch's SIGTERM is one line; the job's output is all there
+    assert "SignalException" in run.stderr and "(the watch ended the job; traceback folded)" in run.stderr
+    assert "Traceback" not in run.stderr.split("diagnosed; ending the job")[1].split("=" * 20)[0], run.stderr
 
 
 def test_every_rank_stuck_past_the_timeout(tmp_path):

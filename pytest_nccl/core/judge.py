@@ -57,6 +57,11 @@ def judge(reports: dict[int, RankReport], world: int, reason: Reason, bound: flo
     clean or a report carries no digest; ``trace``: the collectives were traced (else digests are
     not compared)."""
     full = {r: reports.get(r) or RankReport(r) for r in range(world)}
+    if reason == Reason.DECIDED and all(rep.state.finished for rep in full.values()):
+        # a rule decided on what it saw then (a rank of another node looked gone, a late report), but
+        # by the time the reports were taken every rank had finished: the call completed, and is
+        # judged as such (a clean one is clean, not a 'disagreement' among ranks that all passed)
+        reason = Reason.COMPLETED
     views = [full[r].view() for r in range(world)]
     records: dict | None = None
     digests = None

@@ -13,6 +13,7 @@ import signal
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import cast
 
@@ -41,12 +42,14 @@ class RankGroup:
     _ids = itertools.count()
 
     def __init__(self, zygote: Zygote, world: int, backend: str, timeout: float, workdir: str,
-                 gpu_ids: list | None = None, rank_env: dict | None = None):
+                 gpu_ids: list | None = None, rank_env: dict | None = None,
+                 device_of: Callable[[int], int | None] | None = None, own_group: bool = False):
         self.zygote, self.world, self.backend, self.timeout = zygote, world, backend, timeout
         self.key: tuple = (world, backend, timeout)  # GroupPool sets its own lookup key
         self.gid = next(self._ids)
         self.dir = tempfile.mkdtemp(prefix=f"g{self.gid}-", dir=workdir)
         self.gpu_ids = gpu_ids  # physical device ids (the leaser maps them through CUDA_VISIBLE_DEVICES)
+        self.device_of = device_of  # a rank's current CUDA device when the ranks share GPUs, else None
         self.pids: dict[int, int] = {}
         self.conns: dict[int, Connection] = {}
         self.calls = itertools.count(1)
@@ -59,6 +62,7 @@ class RankGroup:
         self.rank_env = dict(rank_env or {})
         if gpu_ids is not None:
             self.rank_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids))
+        self.own_group = own_group  # adopted tests: the ranks join no group of ours
         self.joined: set = set()
         self.setup_errors: dict[int, str] = {}
 
@@ -79,7 +83,9 @@ class RankGroup:
                             store_path=os.path.join(self.dir, "store"), control_path=self.control_path,
                             output_path=self.output_path(rank), stack_path=self.stack_path(rank),
                             master_addr="127.0.0.1", master_port=master_port, env=self.rank_env,
-                            run_id=f"pytest-nccl-{os.getpid()}-{self.gid}")
+                            run_id=f"pytest-nccl-{os.getpid()}-{self.gid}",
+                            cuda_device=self.device_of(rank) if self.device_of else None,
+                            own_group=self.own_group)
             self.pids[rank] = self.zygote.fork(spec)
         hello: dict = {}
         while len(self.joined) + len(self.setup_errors) < self.world:

@@ -22,6 +22,7 @@ from ..session import NcclSession, exception_class, item_budget, item_outcome, r
 from ..settings import RANK_FIXTURES, MarkerArgs, argnames_of, parse_marker
 from ..views.report import format_report
 from .gpus import GpuLeaser
+from .group import RankGroup
 from .pool import GroupPool
 
 
@@ -118,11 +119,26 @@ class ForkedMode:
         """Run one call on a group of ``world`` ranks; raise the right DistributedTestFailure on any
         failure, ``pytest.skip`` / ``pytest.xfail`` when every rank did."""
         __tracebackhide__ = True
+        result = self.run_on(self.group(call, world, placement, budget), call, budget)
+        try:
+            return self.judge(call, result, world, placement.backend, item)
+        finally:
+            shutil.rmtree(call.journal_dir, ignore_errors=True)
+
+    def group(self, call: Call, world: int, placement: Placement, budget: Budget,
+              own_group: str | None = None) -> RankGroup:
+        """A started group for ``call`` (``own_group``: see ``GroupPool.get``)."""
         pool = self.get_pool()
         if self.session.test_modules and call.path:
             pool.ensure_zygote().import_modules([(call.module, call.path)])
-        group = pool.get(world, placement, budget.timeout, budget.setup_deadline())
+        group = pool.get(world, placement, budget.timeout, budget.setup_deadline(), own_group)
         self._warn_once_about_spawn(pool)
+        return group
+
+    def run_on(self, group: RankGroup, call: Call, budget: Budget) -> CallResult:
+        """Run ``call`` on ``group``; a group left in doubt is released. The caller judges the result
+        and removes ``call.journal_dir``."""
+        pool = self.get_pool()
         call.journal_dir = pool.new_call_dir()
         call.trace = self.session.settings.trace
         call.sys_path = list(sys.path)
@@ -134,12 +150,9 @@ class ForkedMode:
             # completed) hold c10d state that differs across them: the next call gets a fresh group
             if not group.healthy or (result is not None and not result.clean):
                 pool.release()
-        try:
-            return self._judge(call, result, world, placement.backend, item)
-        finally:
-            shutil.rmtree(call.journal_dir, ignore_errors=True)
+        return result
 
-    def _judge(self, call, result: CallResult, world: int, backend: str, item) -> CallResult:
+    def judge(self, call, result: CallResult, world: int, backend: str, item) -> CallResult:
         __tracebackhide__ = True
         if item is not None:
             item_outcome(item).result = result

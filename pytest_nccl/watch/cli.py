@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 
+from ..core.diagnosis.wording import rank_list
 from ..core.referee import TIMING
 from ..core.sites import headline_site
 from ..core.states import Reason
@@ -180,8 +181,15 @@ class Watch:
         self.peers_missing = ""
 
     def run(self) -> int:
-        args = self.args
         control.become_subreaper()
+        guardian = control.guard(self.dir)  # ends the job if this watch is killed (SIGKILL)
+        try:
+            return self._run()
+        finally:  # a job still running here (the watch failed): the guardian ends it
+            guardian.done(clean=not control.descendants())
+
+    def _run(self) -> int:
+        args = self.args
         signals = _Signals()
         try:
             launcher = control.launch(self.command, job_env(self.dir))
@@ -246,6 +254,7 @@ class Watch:
                 break
             if now >= next_reap:
                 control.reap(launcher)
+                control.note_shm()
                 next_reap = now + 1.0
             wake = self.monitor.wake_at(now) if not (self.kept or self.attempt_done) else now + 0.2
             time.sleep(min(0.2, max(0.02, wake - time.monotonic())))
@@ -262,6 +271,11 @@ class Watch:
         if elsewhere is not None or reason in (Reason.DECIDED, Reason.TIMEOUT):
             finding = elsewhere or monitor.agree(monitor.conclude(reason or Reason.DECIDED, time.monotonic()))
             attempt = self._attempt()
+            if finding.diagnosis is None:
+                # every rank had finished clean by the time the reports were taken: nothing to act
+                # on; the launcher's own end is the job's (a loaded host's slow exit barrier)
+                self.attempt_done = True
+                return False
             action = on_verdict(finding.diagnosis, attempt, self.args.keep_running)
             if action == Action.FOLLOW_NEXT_ATTEMPT:
                 self._report_attempt(finding, attempt)
@@ -275,7 +289,7 @@ class Watch:
                 if not self.args.quiet:
                     say(f"{PROG}: {finding.verdict.kind} diagnosed; ending the job (SIGTERM, "
                         f"then SIGKILL after {TIMING.job_term_wait:g} s)")
-                control.end(launcher, TIMING.job_term_wait)
+                self._end_job(launcher, finding)
                 self.ended_by_watch = True
                 self._report(finding)
                 self.finding = finding
@@ -288,9 +302,13 @@ class Watch:
             self.attempt_done = True
         elif monitor.referee is None and self._peers_never_appeared(now):
             say(f"{PROG}: {self.peers_missing}")
-            control.end(launcher, TIMING.job_term_wait)
+            self._end_job(launcher)
             self.ended_by_watch = True
         return False
+
+    def _end_job(self, launcher, finding: Finding | None = None) -> None:
+        """End the job on a verdict (a test's job is every process the test started: ``intest``)."""
+        control.end(launcher, TIMING.job_term_wait)
 
     def _peers_never_appeared(self, now: float) -> bool:
         directory = jobdir.attempt_dir(self.dir, self.attempt)
@@ -333,6 +351,9 @@ class Watch:
                 finding = self.monitor.agree(finding)
                 self._report(finding, title=f"the job ended on its own (exit status {job_code}); its journals show")
                 self.finding = finding
+            elif self.monitor.unseen() and not self.args.quiet:  # said, never a verdict
+                say(f"{PROG}: {rank_list(self.monitor.unseen())} (on another node) could not be followed to "
+                    "the end: the channel to that node's watch ended; this node's ranks ended cleanly")
             elif self.monitor.referee is None and not self.earlier:
                 torch_processes = sum(1 for n in _listdir(self.dir) if n.startswith("torch-"))
                 say(f"{PROG}: {no_rank_line(torch_processes)}")

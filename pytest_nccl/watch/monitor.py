@@ -27,6 +27,7 @@ from ..core.referee import TIMING, Referee
 from ..core.reports import RankReport
 from ..core.states import RankState, Reason
 from . import jobdir
+from .channel import CONNECT_WAIT
 from .channel import connect as channel_connect
 from .finding import Finding
 from .follow import Followed, LocalRank, RemoteRank, ask_all, fr_progress
@@ -44,8 +45,8 @@ class JobView:
         self.m = monitor
 
     def journals(self) -> dict:
-        ranks = self.m.ranks
-        return {r: ranks[r].records if r in ranks else [] for r in range(self.m.world)}
+        ranks = self.m.ranks  # a rank this watch lost sight of is where it was last seen: no evidence
+        return {r: ranks[r].records if r in ranks and not ranks[r].unseen else [] for r in range(self.m.world)}
 
     def journal_sizes(self) -> list:
         ranks = self.m.ranks
@@ -108,6 +109,7 @@ class Monitor:
             self._read(f)
         self.window.trim(self.ranks, self.world)
         self._finished(now)
+        self._lose_sight()
         reason = self.referee.step(now, self.view)
         if reason is not None:
             _debug(f"referee: {reason}")
@@ -173,6 +175,7 @@ class Monitor:
 
     def _reach_other_nodes(self, info: dict) -> None:
         try:
+            _debug("ranks on other nodes: reaching their watches")
             channel = self.connect(info, lambda: 0 in self.local_ranks())
             _debug(f"ranks on other nodes; their watches {'reached' if channel else 'out of reach'}")
             if channel is None or self._stop.is_set():
@@ -180,6 +183,8 @@ class Monitor:
             for rank, f in self.local_ranks().items():
                 channel.publish_info(rank, f.info)
             self.nodes = Nodes(channel, self.local_ranks, self._ended_report)
+        except Exception as exc:  # said, and on with what this watch sees itself
+            _debug(f"the channel to the other nodes: {type(exc).__name__}: {exc}")
         finally:
             self._connecting.clear()
 
@@ -210,6 +215,21 @@ class Monitor:
             f.state = record.state if record.state in (RankState.PASSED, RankState.FAILED) else RankState.DEAD
             f.finished_at = now
             self._referee().finished(f.rank, f.state, now)
+
+    def _lose_sight(self) -> None:
+        """The channel to the other nodes' watches ended (their deciding watch exited, or its store
+        failed past every retry): their ranks still running are unseen from now on, neither running
+        nor finished, so that where they were last seen is never taken for a hang."""
+        if self.nodes is None or not self.nodes.channel.lost:
+            return
+        for f in self.ranks.values():
+            if not f.local and f.state is None and not f.unseen:
+                f.unseen = True
+                _debug(f"rank {f.rank}: lost sight of it (the channel ended)")
+
+    def unseen(self) -> list[int]:
+        """Ranks of other nodes this watch lost sight of before they ended."""
+        return sorted(r for r, f in self.ranks.items() if f.unseen and f.state is None)
 
     def _poll_status(self) -> None:
         while not self._stop.wait(TIMING.status_every):
@@ -300,12 +320,12 @@ class Monitor:
         ``Timing.agree_wait``), and what they published read, before judging the whole job."""
         if not self.other_nodes:
             return
-        deadline = time.monotonic() + TIMING.agree_wait
+        deadline = time.monotonic() + CONNECT_WAIT  # a loaded host: a verdict late, not a verdict blind
         while self.nodes is None and self._connecting.is_set() and time.monotonic() < deadline:
             time.sleep(TIMING.poll)
         if self.nodes is None:
             return
-        self.nodes.await_synced(self.node_count - 1, deadline)
+        self.nodes.await_synced(self.node_count - 1, time.monotonic() + TIMING.agree_wait)
         now = time.monotonic()
         self._discover(now)
         for f in list(self.ranks.values()):
@@ -332,6 +352,9 @@ class Monitor:
             return RankReport(r, RankState.UNSEEN, message="runs on another node, which this watch cannot see")
         if f is None:
             return RankReport(r, RankState.NOT_STARTED, message="never created the default process group")
+        if f.unseen and f.state is None:
+            return RankReport(r, RankState.UNSEEN, message="runs on another node; this watch lost sight of it "
+                              "(the channel to that node's watch ended)")
         report = RankReport(r, f.state or RankState.RUNNING)
         if f.exit is not None:
             report.exc_type, report.exc_text, report.message = f.exit.exc_type, f.exit.exc_text, f.exit.message
@@ -355,7 +378,7 @@ class Monitor:
         """The window of every rank; a rank still running that waits in no traced collective may wait
         in one issued from C++ (DDP's reducer): then, when every rank answered, with the Flight
         Recorder's entries merged in."""
-        journals = {r: (self.ranks[r].records if r in self.ranks else []) for r in range(self.world)}
+        journals = self.view.journals()
         running = [r for r, rep in reports.items() if rep.state == RankState.RUNNING]
         if not running or not all(_waits_nowhere(journals[r]) for r in running):
             return journals
@@ -368,6 +391,9 @@ class Monitor:
 
 
 def _import_torch_distributed() -> None:
+    # before torch loads (the job was started already: its environment is its own): torch's C++ log
+    # would print each failed connection to the job's store with a 30-line stack, before the verdict
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     try:
         import torch.distributed  # noqa: F401
     except Exception:

@@ -18,6 +18,7 @@ Headlines group ranks that share a view ("ranks 0-14 all_reduce, rank 15 barrier
 from __future__ import annotations
 
 from ..agreement import split_disagreement
+from ..groups import members_of
 from ..records import CollectiveRecord, RankView
 from ..sites import headline_site, rendezvous_at
 from ..states import Kind, RankState, Reason
@@ -68,11 +69,7 @@ def diagnose(ranks: list[RankView], reason: Reason, bound: float) -> Diagnosis |
         inside = [v for v in running if v.current is not None]
         at = [rec for rec in (v.current for v in inside) if rec is not None]  # their records, in that order
         if inside and len(inside) == len(running) and len({(rec.pg, rec.seq) for rec in at}) == 1:
-            rec = at[0]
-            every = "every rank is" if len(running) == len(ranks) else f"{rank_list([v.rank for v in running])} are"
-            return Diagnosis(Kind.HANG, f"{every} inside {where(rec)} and none completed within the "
-                             f"{seconds(bound)} s bound (a transport or peer problem: all ranks entered it)",
-                             [v.rank for v in running], rec.pg, rec.seq)
+            return _hang(running, views, at, bound)
         busy = [v for v in running if v.current is None]
         if busy and inside:
             return _slow(busy, inside, at[0], bound)
@@ -88,6 +85,26 @@ def diagnose(ranks: list[RankView], reason: Reason, bound: float) -> Diagnosis |
                          f"({views[skipped[0]].message}); {rank_list(others)} did not skip: "
                          "skip on every rank or on none", skipped)
     return None
+
+
+def _hang(running: list[RankView], views: dict, at: list[CollectiveRecord], bound: float) -> Diagnosis:
+    """Every running rank waits in the same collective (``at``: their records) and none completed it. The ranks that
+    finished are named by how they ended, not counted as having entered it: only the members of the
+    group (the peers of a transfer) are, and one that finished has left it (completed, or never in)."""
+    names, rec = [v.rank for v in running], at[0]
+    within = f"within the {seconds(bound)} s bound"
+    if len(running) == len(views):
+        return Diagnosis(Kind.HANG, f"every rank is inside {where(rec)} and none completed {within} "
+                         "(a transport or peer problem: all ranks entered it)", names, rec.pg, rec.seq)
+    if rec.p2p:
+        members = set(names) | {p.peer for r in at for p in (r.blocking_p2p() or r.p2p)}
+    else:
+        members = set(members_of(rec.pg, len(views)))
+    finished = {r: state_of(v, rec.pg, views) for r, v in views.items() if r in members and r not in names}
+    why = f": {grouped(finished, 2)}" if finished else ""
+    who = f"{rank_list(names)} is inside {where(rec)} and did not complete it" if len(names) == 1 else \
+        f"{rank_list(names)} are inside {where(rec)} and none completed it"
+    return Diagnosis(Kind.HANG, f"{who} {within} (a transport or peer problem{why})", names, rec.pg, rec.seq)
 
 
 def _raised(failed: list[RankView], ranks: list[RankView]) -> Diagnosis:
