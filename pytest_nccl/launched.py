@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 
 from .budget import MIN_BOUND, Budget, pytest_timeout_of
 from .core.messages import LaunchedVerdict, Quit, TestCall, TestEnded, TestFollowed
-from .core.reports import CallResult
 from .session import NcclSession, exception_class, item_budget, record_failure
 from .watch.jobdir import ENV_DIR
 
@@ -226,16 +225,15 @@ class Launched:
     def _raise(self, item, call: LaunchedCall, verdict: LaunchedVerdict, own: BaseException | None) -> None:
         __tracebackhide__ = True
         cls = exception_class(verdict.exception)
-        finding: Any = verdict.finding   # watch.finding.Finding: not imported here (the helper's side)
+        finding: Any = verdict.finding   # the helper's core.reports.CallOutcome
         diag = getattr(finding, "diagnosis", None)
         report = verdict.report or verdict.headline
         if own is not None:
             line = f"{type(own).__name__}: {own}".split("\n")[0][:500]
             report += f"\n\nThe test itself raised {line}"
         if finding is not None and diag is not None:
-            result = CallResult(finding.views, finding.reason, elapsed=finding.elapsed, bound=call.call.bound,
-                                fr_pickle=finding.fr_pickles, diagnosis=diag)
-            record_failure(item, self.session, diag, cls.__name__, verdict.backend, result, finding.fr_pickles,
+            finding.bound = call.call.bound  # the test's bound, which the helper's watch ran under
+            record_failure(item, self.session, diag, cls.__name__, result=finding,
                            on_error=lambda message: warnings.warn(pytest.PytestWarning("pytest-nccl: " + message),
                                                                   stacklevel=1))
         if getattr(item, "_excinfo", None):  # unittest's own record of the failure would win over ours

@@ -14,7 +14,7 @@ from pytest_nccl.adopt.rules import ANY_EXIT, torch_outcome
 from pytest_nccl.core.diagnosis.findings import Diagnosis
 from pytest_nccl.core.messages import Harness
 from pytest_nccl.core.records import RankView
-from pytest_nccl.core.reports import CallResult
+from pytest_nccl.core.reports import CallOutcome
 from pytest_nccl.core.states import Kind, RankState, Reason
 
 common = pytest.importorskip("torch.testing._internal.common_distributed")
@@ -70,7 +70,7 @@ def _result(*states, reason=Reason.COMPLETED, messages=(), diagnosis=None, exit_
     views = [RankView(r, status=s, message=messages[r] if r < len(messages) else "",
                       exit_code=exit_codes[r] if r < len(exit_codes) else None,
                       signal_name=signals[r] if r < len(signals) else None) for r, s in enumerate(states)]
-    return CallResult(ranks=views, reason=reason, diagnosis=diagnosis)
+    return CallOutcome(views=views, reason=reason, diagnosis=diagnosis)
 
 
 P, S, F, D, R = RankState.PASSED, RankState.SKIPPED, RankState.FAILED, RankState.DEAD, RankState.RUNNING

@@ -172,9 +172,9 @@ class ForkedMode:
         report = format_report(result.ranks, diag, result.elapsed, result.bound, backend)
         exc_class = exception_class(diag.exception_name)
         if item is not None:
-            record_failure(item, self.session, diag, exc_class.__name__, backend, result, result.fr_pickle)
+            record_failure(item, self.session, diag, exc_class.__name__, result=result)
         elif self.session.settings.trace_dir:
-            write_trace(self.session.settings.trace_dir, call.nodeid, result, diag, backend, result.fr_pickle)
+            write_trace(self.session.settings.trace_dir, call.nodeid, result)
         raise exc_class(diag.headline, diag, report)
 
     def _warn_once_about_spawn(self, pool: GroupPool) -> None:

@@ -30,10 +30,11 @@ import time
 
 from ..core.diagnosis.wording import rank_list
 from ..core.referee import TIMING
+from ..core.reports import CallOutcome
 from ..core.sites import headline_site
 from ..core.states import Reason
 from . import control, jobdir, present, stragglers
-from .finding import Finding
+from .leftovers import NOTE_EVERY
 from .monitor import Monitor
 from .outcome import (  # noqa: F401  (the statuses, named where they were)
     EXIT_DIAGNOSED,
@@ -75,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                    help="how long ranks may wait in a collective while no rank makes progress before it "
                         "is a hang (or a slow rank), and in init_process_group for peers; default 300")
-    p.add_argument("--trace-dir", metavar="DIR", help="write the trace (JSON) and the ranks' Flight "
-                   "Recorder dumps here on a verdict")
+    p.add_argument("--trace-dir", metavar="DIR", help="write the trace (JSON), the ranks' Flight "
+                   "Recorder dumps, a Perfetto trace (.trace.json) and the swimlane page (.html) here on a verdict")
     p.add_argument("--keep-running", action="store_true",
                    help="on a verdict, report but leave the job running (to attach a debugger)")
     p.add_argument("--quiet", action="store_true", help="print only the headline of a verdict")
@@ -170,7 +171,7 @@ class Watch:
 
     def __init__(self, args, command: list, directory: str):
         self.args, self.command, self.dir = args, command, directory
-        self.finding: Finding | None = None  # the verdict the exit status stands for
+        self.finding: CallOutcome | None = None  # the verdict the exit status stands for
         self.kept = False               # reported with --keep-running: the job goes on
         self.ended_by_watch = False
         self.trace_files: list = []
@@ -239,7 +240,7 @@ class Watch:
 
     # -- the loop ---------------------------------------------------------------------------------------
     def _loop(self, launcher, signals: _Signals) -> int:
-        next_reap = 0.0
+        next_reap = next_note = 0.0
         while True:
             if signals.got is not None:
                 say(f"{PROG}: got {signal.Signals(signals.got).name}: ending the job")
@@ -254,8 +255,12 @@ class Watch:
                 break
             if now >= next_reap:
                 control.reap(launcher)
-                control.note_shm()
                 next_reap = now + 1.0
+            if now >= next_note:
+                # often: a rank that aborts right after it made its /dev/shm files (DeepSpeed's buffers)
+                # takes its launcher's other ranks down with it within a second, before a 1 s note
+                control.note_shm()
+                next_note = now + NOTE_EVERY
             wake = self.monitor.wake_at(now) if not (self.kept or self.attempt_done) else now + 0.2
             time.sleep(min(0.2, max(0.02, wake - time.monotonic())))
         return self._ended(launcher)
@@ -306,7 +311,7 @@ class Watch:
             self.ended_by_watch = True
         return False
 
-    def _end_job(self, launcher, finding: Finding | None = None) -> None:
+    def _end_job(self, launcher, finding: CallOutcome | None = None) -> None:
         """End the job on a verdict (a test's job is every process the test started: ``intest``)."""
         control.end(launcher, TIMING.job_term_wait)
 
@@ -376,7 +381,7 @@ class Watch:
         present.to_absolute(finding, timeout)
         if self.args.trace_dir:
             try:
-                written = present.write_trace(self.args.trace_dir, finding, timeout)
+                written = present.write_trace(self.args.trace_dir, finding, lambda text: say(f"{PROG}: {text}"))
             except OSError as exc:
                 say(f"{PROG}: cannot write the trace to {self.args.trace_dir}: {exc}")
             else:
@@ -385,10 +390,9 @@ class Watch:
                     say(f"{PROG}: trace written to {written[0]}")
 
     def _done(self, code: int, returncode) -> int:
-        found = self._stragglers()
-        if not self.args.quiet:
-            for line in stragglers.lines(found):
-                say(f"{PROG}: {line}")
+        found = stragglers.of_watch(self)
+        for line in [] if self.args.quiet else stragglers.lines(found):
+            say(f"{PROG}: {line}")
         if self.args.json:
             text = present.summary(self.finding, exit_code=code,
                                    job_exit_code=None if returncode is None else status_of(returncode),
@@ -403,13 +407,6 @@ class Watch:
             except OSError as exc:
                 say(f"{PROG}: cannot write --json {self.args.json}: {exc}")
         return code
-
-
-    def _stragglers(self) -> list:
-        monitor = getattr(self, "monitor", None)
-        if monitor is None or not monitor.ranks:
-            return []
-        return stragglers.of_job(jobdir.attempt_dir(self.dir, self.attempt), list(monitor.ranks))
 
     def _watched(self) -> dict:
         monitor = getattr(self, "monitor", None)

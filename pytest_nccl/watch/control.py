@@ -44,7 +44,7 @@ def guard(directory: str) -> Guardian:
 
 
 def note_shm() -> None:
-    """Note the /dev/shm files the job's processes have open now (once a second, and before ending it)."""
+    """Note the /dev/shm files the job's processes have open now (every ``NOTE_EVERY`` s, and before ending it)."""
     if _Guarded.shm is not None:
         _Guarded.shm.note(descendants())
 

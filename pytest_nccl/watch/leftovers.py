@@ -1,7 +1,7 @@
 """What a watched job could leave behind, and who removes it.
 
 - ``/dev/shm`` files the job's processes have open (``/proc/PID/fd``) or mapped (``/proc/PID/maps``):
-  noted while they run (``ShmFiles.note``, once a second, and just before the watch ends the job),
+  noted while they run (``ShmFiles.note``, every ``NOTE_EVERY`` s, and just before the watch ends the job),
   because a process that is gone shows nothing. Once the watch has ended the job they are removed
   (``remove``): DeepSpeed's ranks, for one, never unlink their ``deepspeed_allreduce_buffer_*`` when
   they are ended. Only files noted as open by the job's own processes, only regular files of this
@@ -23,6 +23,7 @@ import sys
 
 SHM = "/dev/shm/"
 NOTED = "shm-files"          # in the job's directory: the /dev/shm files noted, one a line
+NOTE_EVERY = 0.25            # seconds between two notes while the job runs (a scan of /proc)
 GUARDIAN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guardian.py")
 
 

@@ -11,10 +11,10 @@ import time
 
 from ..core.judge import launcher_restarts
 from ..core.messages import LaunchedVerdict, TestCall
+from ..core.reports import CallOutcome
 from ..errors import CollectiveTimeout
 from . import present
 from .cli import Watch
-from .finding import Finding
 from .monitor import Monitor
 from .testprocs import TestProcesses
 
@@ -65,7 +65,7 @@ class TestWatch(Watch):
             finding = self.monitor.after_exit(time.monotonic(), launcher_ok=not failed)
         return self._verdict(finding, live=False) if finding is not None else None
 
-    def _verdict(self, finding: Finding, live: bool) -> LaunchedVerdict:
+    def _verdict(self, finding: CallOutcome, live: bool) -> LaunchedVerdict:
         timeout = self.args.timeout
         diag = finding.verdict
         report = test_words(present.report_text(finding, timeout))
@@ -75,7 +75,7 @@ class TestWatch(Watch):
         return LaunchedVerdict(headline, diag.exception_name, report, live, launcher_restarts(diag), finding,
                                finding.backend)
 
-    def _end_job(self, launcher, finding: Finding | None = None) -> None:
+    def _end_job(self, launcher, finding: CallOutcome | None = None) -> None:
         if finding is not None and finding.diagnosis is not None and launcher_restarts(finding.diagnosis):
             # a rank raised or died: the test's launcher (mp.spawn's join, torchrun) ends the others and
             # tells the test in its own words (a test may expect them); ours only if it does not
