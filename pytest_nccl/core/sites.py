@@ -41,7 +41,18 @@ def short_site(site: str, depth: int = 3) -> str:
 
 # Libraries whose frames only relay a collective for the code that asked for it: the headline names
 # the caller (trl/trainer/sft_trainer.py:448, "via accelerate"); the trace keeps every frame.
-RELAY_PACKAGES = ("accelerate",)
+# transformers' model code relays FSDP's parameter all-gathers, which its modules' forward hooks
+# issue for whoever called the model (verl's dp_actor.py, "via transformers").
+RELAY_PACKAGES = ("accelerate", "transformers")
+
+
+def relay_package(path: str) -> str:
+    """The relaying library a file belongs to ('' for none), by the path's text."""
+    for package in RELAY_PACKAGES:
+        for marker in ("site-packages", "dist-packages"):
+            if f"{os.sep}{marker}{os.sep}{package}{os.sep}" in path:
+                return package
+    return ""
 
 
 def headline_site(site: str) -> str:

@@ -12,7 +12,7 @@ import sysconfig
 
 import torch
 
-from ..core.sites import is_ours
+from ..core.sites import is_ours, relay_package
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _STDLIB_DIR = sysconfig.get_paths()["stdlib"] + os.sep  # threading.py, contextlib.py: not who issued it
@@ -21,11 +21,12 @@ _SHIM_MARKERS = (os.sep + "deepspeed" + os.sep + "comm" + os.sep,
                  os.sep + os.path.join("deepspeed", "utils", "nvtx.py"),  # instrument_w_nvtx
                  os.sep + "_pytest" + os.sep, os.sep + "pluggy" + os.sep,  # SPMD mode: above the test body
                  os.sep + "torchinductor_")  # inductor's generated code: the graph, not the user's line
-SITE_DEPTH = 4  # distinct files in a call site chain
+SITE_DEPTH = 4  # distinct files in a call site chain, not counting a relaying library's
+RELAY_DEPTH = 12  # a relaying library's distinct files kept in a chain on top (transformers' model code)
 GRAPH_CODE = "<eval_with_key>"  # the file name torch.fx gives a GraphModule's generated forward
 
 
-_USER, _INTERNAL, _GRAPH, _BOUNDARY = 0, 1, 2, 3
+_USER, _INTERNAL, _GRAPH, _BOUNDARY, _RELAY = 0, 1, 2, 3, 4
 _kind_of: dict[int, int] = {}   # id(code) -> kind; ids stay valid: _codes keeps each code alive
 _codes: list = []
 _site_text: dict = {}           # (id(code), instruction offset, ...) of the chain -> "file:line <- file:line"
@@ -48,7 +49,8 @@ def is_internal_file(filename: str) -> bool:
 
 def _classify(code) -> int:
     filename = code.co_filename
-    kind = _GRAPH if filename.startswith(GRAPH_CODE) else _INTERNAL if is_internal_file(filename) else _USER
+    kind = _GRAPH if filename.startswith(GRAPH_CODE) else _INTERNAL if is_internal_file(filename) else \
+        _RELAY if relay_package(filename) else _USER
     _kind_of[id(code)] = kind
     _codes.append(code)
     return kind
@@ -75,22 +77,27 @@ def call_site(frame) -> str:
     key = []
     frames = []
     last = None
-    files = 0
+    files = relays = 0
     while frame is not None:
         code = frame.f_code
         kind = _kind_of.get(id(code))
         if kind is None:
             kind = _classify(code)
-        if kind == _USER:
+        if kind == _USER or (kind == _RELAY and relays < RELAY_DEPTH):
             filename = code.co_filename
             if filename != last:
                 last = filename
                 key.append(id(code))
                 key.append(frame.f_lasti)
                 frames.append(frame)
-                files += 1
-                if files == SITE_DEPTH:
-                    break
+                # a relaying library's frames ride on top: the chain still reaches the code that
+                # asked (the model's caller under transformers' dozen frames)
+                if kind == _RELAY:
+                    relays += 1
+                else:
+                    files += 1
+                    if files == SITE_DEPTH:
+                        break
         elif kind == _GRAPH:
             key.append(id(code))
             key.append(frame.f_lasti)
@@ -114,7 +121,7 @@ def site_of(trace, frame) -> bytes:
     # torch's frames between (an op's __call__, a functional collective's Python function) are new
     # objects on every call and say nothing: remember from the first frame that is the user's
     kind = _kind_of.get(id(frame.f_code))
-    while kind != _USER and frame is not None:
+    while kind not in (_USER, _RELAY) and frame is not None:
         if kind is None:
             kind = _classify(frame.f_code)
             continue
@@ -154,14 +161,16 @@ SITES_KEPT = 64
 def _chain_text(frames: list) -> str:
     parts: list[str] = []
     last = None
+    files = 0
     for frame in frames:
         found = graph_lines(frame) if frame.f_code.co_filename.startswith(GRAPH_CODE) else \
             [(frame.f_code.co_filename, frame.f_lineno)]
         for filename, line in found:
-            if filename != last:
+            if filename != last and files < SITE_DEPTH:
                 last = filename
                 parts.append(f"{filename}:{line}")
-    return " <- ".join(parts[:SITE_DEPTH])
+                files += 0 if relay_package(filename) else 1
+    return " <- ".join(parts)
 
 
 def graph_lines(frame) -> list[tuple[str, int]]:

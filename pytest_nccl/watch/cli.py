@@ -32,7 +32,7 @@ from ..core.diagnosis.wording import rank_list
 from ..core.reports import CallOutcome
 from ..core.sites import headline_site
 from ..core.states import Reason
-from . import control, jobdir, present
+from . import control, jobdir, present, stragglers
 from .leftovers import NOTE_EVERY
 from .monitor import Monitor
 from .outcome import (  # noqa: F401  (the statuses, named where they were)
@@ -389,6 +389,9 @@ class Watch:
                     say(f"{PROG}: trace written to {written[0]}")
 
     def _done(self, code: int, returncode) -> int:
+        found = stragglers.of_watch(self)
+        for line in [] if self.args.quiet else stragglers.lines(found):
+            say(f"{PROG}: {line}")
         if self.args.json:
             text = present.summary(self.finding, exit_code=code,
                                    job_exit_code=None if returncode is None else status_of(returncode),
@@ -396,13 +399,13 @@ class Watch:
                                    ended_by_watch=self.ended_by_watch, trace_files=self.trace_files,
                                    restart=self.attempt, earlier=[(a.restart, f) for a, f in self.earlier],
                                    peers_missing=self.peers_missing or None, watched=self._watched())
+            text = stragglers.with_stragglers(text, found)
             try:
                 with open(self.args.json, "w") as f:
                     f.write(text + "\n")
             except OSError as exc:
                 say(f"{PROG}: cannot write --json {self.args.json}: {exc}")
         return code
-
 
     def _watched(self) -> dict:
         monitor = getattr(self, "monitor", None)
