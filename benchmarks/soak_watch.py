@@ -10,7 +10,7 @@ itself. A benchmark, not a timed test: it counts, it does not gate.
 Run:  python benchmarks/soak_watch.py [--rounds 20] [--load N] [--json FILE] [--gate]
 (``--load``: busy processes, default one per core minus one: with the tests themselves, every core
 is busy). Prints one line per round and the counts at the end; exit status 0, or with ``--gate``
-(.ci/run) 1 when there was a false verdict, a flaky outcome or a faulty job's test failing always.
+(.ci/run) 1 when there was a false verdict (a healthy job failed).
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def main() -> int:
     parser.add_argument("--load", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     parser.add_argument("--json", help="write the counts here")
     parser.add_argument("--gate", action="store_true",
-                        help="exit 1 on a false verdict or a flaky outcome (CI); else 0 always")
+                        help="exit 1 on a false verdict: a healthy job failed (CI); else 0 always")
     args = parser.parse_args()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     tests = HEALTHY + FAULTY
@@ -138,7 +138,10 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(counts, f, indent=1)
-    return 1 if args.gate and (false_verdicts or flaky or broken) else 0
+    # the gate is the promise that a clean job is never failed; a faulty job's verdict that changes
+    # under load (a cross-node mismatch judged before the other node's records came: less detail,
+    # same kind) is counted and printed above, and each faulty test gates once in the test run
+    return 1 if args.gate and false_verdicts else 0
 
 
 if __name__ == "__main__":
