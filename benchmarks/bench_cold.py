@@ -12,6 +12,9 @@ median. The commands, each a whole process started from nothing:
   mptc-1    python mptc_1.py      torch's MultiProcessTestCase (a spawn of 4 ranks per test)
   mptc-20   python mptc_20.py
   floor     python -c "import torch, pytest"
+  pytest-floor  python -m pytest -q -p no:cacheprovider plain.py   (one plain test that imports torch:
+            what any pytest session costs on this host, its other pytest plugins included; on a GPU
+            image with hypothesis, jaxtyping, pytest-benchmark, -cov and anyio that is ~2 s over the floor)
 
 Every test is the same trivial all_reduce of a one-element tensor at world 4. The files are written
 into a temporary directory; every process a run starts carries a tag in its environment, and
@@ -120,6 +123,7 @@ MPTC_TEST = '''
 '''
 
 FLOOR = "import torch, pytest"
+PLAIN = "import torch\n\n\ndef test_plain():\n    assert torch.ones(1).item() == 1\n"
 
 
 def write_files(workdir: str, tests: int, world: int = WORLD) -> dict[str, str]:
@@ -132,6 +136,9 @@ def write_files(workdir: str, tests: int, world: int = WORLD) -> dict[str, str]:
             with open(path, "w") as f:
                 f.write(module.format(world=world, tests=body))
             paths[f"{name}-{n}"] = path
+    paths["plain"] = os.path.join(workdir, "plain.py")
+    with open(paths["plain"], "w") as f:
+        f.write(PLAIN)
     return paths
 
 
@@ -148,7 +155,9 @@ def commands(paths: dict[str, str], tests: int, theirs_runner: str = "python",
              world: int = WORLD) -> dict[str, Command]:
     py = sys.executable
     pytest_argv = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-    cmds = {"floor": Command("floor", [py, "-c", FLOOR], "", 'python -c "import torch, pytest"')}
+    cmds = {"floor": Command("floor", [py, "-c", FLOOR], "", 'python -c "import torch, pytest"'),
+            "pytest-floor": Command("pytest-floor", [*pytest_argv, paths["plain"]], "1 passed",
+                                    "pytest, one plain torch test")}
     for n in sorted({1, tests}):
         plural = "s" if n > 1 else ""
         cmds[f"ours-{n}"] = Command(f"ours-{n}", [*pytest_argv, paths[f"ours-{n}"], f"--nccl-world={world}"],
@@ -290,7 +299,8 @@ def median(values) -> float:
 def plan(cmds: dict[str, Command], tests: int, pairs: int, spawn_pairs: int) -> list[Comparison]:
     many = f"-{tests}"
     plan = [Comparison("one-test vs MultiProcContinuousTest", cmds["ours-1"], cmds["mpct-1"], pairs),
-            Comparison("one-test vs import floor", cmds["ours-1"], cmds["floor"], pairs)]
+            Comparison("one-test vs import floor", cmds["ours-1"], cmds["floor"], pairs),
+            Comparison("one-test vs pytest floor", cmds["ours-1"], cmds["pytest-floor"], pairs)]
     if tests > 1:
         plan.append(Comparison(f"{tests}-test vs MultiProcContinuousTest", cmds["ours" + many],
                                cmds["mpct" + many], pairs))
@@ -336,6 +346,7 @@ def table(summaries: list[dict], tests: int) -> str:
                  f"{LEFTOVER_GRACE:g} s after their run exited, killed: {leftovers})")
     one = by_key.get("one-test vs MultiProcContinuousTest")
     floor = by_key.get("one-test vs import floor")
+    pytest_floor = by_key.get("one-test vs pytest floor")
     many = by_key.get(f"{tests}-test vs MultiProcContinuousTest")
     lines.append("")
     if many and one and tests > 1:
@@ -358,6 +369,9 @@ def table(summaries: list[dict], tests: int) -> str:
     if floor:
         lines.append(f"ours / import-torch-pytest floor: {floor['ratio_median']:.2f} (target <= 1.3)"
                      f"  [floor {floor['b_median']:.2f} s, ours {floor['a_median']:.2f} s]")
+    if pytest_floor:
+        lines.append(f"ours / a plain pytest session on this host: {pytest_floor['ratio_median']:.2f}"
+                     f"  [pytest floor {pytest_floor['b_median']:.2f} s, ours {pytest_floor['a_median']:.2f} s]")
     return "\n".join(lines)
 
 

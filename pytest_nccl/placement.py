@@ -14,13 +14,21 @@ class Placement:
     """The backend of a group and what CUDA its ranks see.
 
     ``gpus``: each rank gets a GPU of its own (leased, ``CUDA_VISIBLE_DEVICES`` = the lease), so
-    ``cuda:LOCAL_RANK`` is valid. Otherwise CUDA is hidden from the ranks (``CUDA_VISIBLE_DEVICES``
-    empty): gloo fallback means the CPU path, and libraries that see a GPU would put rank N on
-    ``cuda:N``, which does not exist on a host with fewer GPUs than ranks ("invalid device ordinal").
+    ``cuda:LOCAL_RANK`` is valid. ``shared_gpus`` (gloo asked for by name on a host with fewer GPUs
+    than ranks): the ranks share that many GPUs as they would under plain torch, every GPU visible
+    and rank r's current device ``cuda:r % shared_gpus`` (``device_of``). Otherwise CUDA is hidden from
+    the ranks (``CUDA_VISIBLE_DEVICES`` empty): gloo fallback means the CPU path, and libraries that see
+    a GPU would put rank N on ``cuda:N``, which does not exist on a host with fewer GPUs than ranks
+    ("invalid device ordinal").
     """
     backend: Backend
     why: str
     gpus: bool = False
+    shared_gpus: int = 0
+
+    def device_of(self, rank: int) -> int | None:
+        """The CUDA device that is rank ``rank``'s current one, when the ranks share GPUs."""
+        return rank % self.shared_gpus if self.shared_gpus else None
 
     def describe(self) -> str:
         return f"backend {self.backend} ({self.why})"
@@ -36,7 +44,9 @@ def place(requested: str, world: int, cuda_devices: int) -> Placement:
     auto: NCCL with a GPU per rank when there are enough, else gloo with CUDA hidden.
     nccl: NCCL, or one clear error when there are too few GPUs.
     gloo: gloo; with a GPU per rank when there are enough (gloo tests of code that keeps its model on
-    ``cuda:LOCAL_RANK``), else with CUDA hidden, as under the automatic fallback.
+    ``cuda:LOCAL_RANK``), else the ranks share the GPUs there are (gloo reduces CUDA tensors; a test
+    that asks for gloo by name and puts tensors on ``cuda`` works as under plain torch). Only the
+    automatic fallback hides CUDA: there gloo stands in for NCCL and means the CPU path.
     """
     if requested == Backend.NCCL:
         if cuda_devices < world:
@@ -49,8 +59,8 @@ def place(requested: str, world: int, cuda_devices: int) -> Placement:
         if cuda_devices >= world:
             return Placement(Backend.GLOO, f"requested; a GPU per rank: {_devices(cuda_devices)} >= world {world}",
                              gpus=True)
-        return Placement(Backend.GLOO,
-                         f"requested; CUDA hidden from the ranks: {_devices(cuda_devices)} < world {world}")
+        return Placement(Backend.GLOO, f"requested; {_devices(cuda_devices)} < world {world}, shared: "
+                                       f"rank r on cuda:r % {cuda_devices}", shared_gpus=cuda_devices)
     if cuda_devices == 0:
         return Placement(Backend.GLOO, "auto: no CUDA device")
     if cuda_devices < world:

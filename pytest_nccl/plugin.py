@@ -16,7 +16,9 @@ import time
 
 import pytest
 
+from .adopt.adopter import ADOPTED_KEY, ADOPTER_KEY, Adopter
 from .errors import DistributedTestFailure, NcclUsageError, RankSetupError
+from .launched import LAUNCHED_KEY, PREVIOUS_SIGTERM, Launched, off_reason
 from .session import OUTCOME_KEY, SESSION_KEY, STARTED_KEY, NcclSession, junit_writer
 from .settings import (
     MARKER,
@@ -62,6 +64,15 @@ def pytest_configure(config: pytest.Config) -> None:
     from . import spmd  # SPMD mode: this process is one rank of a launched group (torchrun, srun)
     from .forked.mode import ForkedMode
     session.mode = spmd.configure(config, session) or ForkedMode(session)
+    # ranks a test starts itself (torchrun, mp.spawn, debug_launcher): traced and judged (launched.py)
+    config.stash[LAUNCHED_KEY] = Launched(session, off_reason(session, not isinstance(session.mode, ForkedMode)))
+    # tests written for torch's MultiProcessTestCase family: their ranks from the fork server (adopt/)
+    forked = session.mode if isinstance(session.mode, ForkedMode) else None
+    adopter = config.stash[ADOPTER_KEY] = Adopter(session, forked)
+    if not settings.adopt:
+        adopter.off = "--nccl-adopt=off"
+    elif forked is None:
+        adopter.off = "SPMD mode: this process is one rank"
 
 
 def _usage_error(config: pytest.Config, message: str):
@@ -81,14 +92,18 @@ def _install_sigterm_cleanup(session: NcclSession) -> None:
         previous = signal.getsignal(signal.SIGTERM)
     except ValueError:
         return
+    pid = os.getpid()
 
     def on_sigterm(signum, frame):
-        session.close()
+        if os.getpid() == pid:  # not in a child a test forked (debug_launcher's ranks): the session is ours
+            session.close()
         if callable(previous):
             previous(signum, frame)
         else:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
+
+    vars(on_sigterm)[PREVIOUS_SIGTERM] = previous
 
     try:
         signal.signal(signal.SIGTERM, on_sigterm)
@@ -97,17 +112,26 @@ def _install_sigterm_cleanup(session: NcclSession) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    launched = config.stash.get(LAUNCHED_KEY, None)
+    if launched is not None:
+        launched.close()
     session = config.stash.get(SESSION_KEY, None)
     if session is not None:
         session.close()
+    adopter = config.stash.get(ADOPTER_KEY, None)
+    if adopter is not None:
+        adopter.close()
 
 
-def pytest_report_header(config: pytest.Config) -> str | None:
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
     error = config.stash.get(SETTINGS_ERROR_KEY, None)
     if error is not None:  # --collect-only goes on; a session that runs tests stops at its start
-        return f"nccl: {error}"
+        return [f"nccl: {error}"]
     session = config.stash.get(SESSION_KEY, None)
-    return session.mode.header() if session is not None and session.mode is not None else None
+    if session is None or session.mode is None:
+        return None
+    launched = config.stash.get(LAUNCHED_KEY, None)
+    return [session.mode.header()] + ([launched.header()] if launched is not None else [])
 
 
 @pytest.hookimpl(wrapper=True)
@@ -122,10 +146,21 @@ def pytest_collection(session):
         raise
 
 
+def pytest_pycollect_makeitem(collector, name, obj) -> None:
+    if isinstance(obj, type):
+        adopter = collector.config.stash.get(ADOPTER_KEY, None)
+        if adopter is not None:
+            adopter.class_collected(obj)
+
+
+@pytest.hookimpl(trylast=True)  # the final selection, after -k and -m deselected items
 def pytest_collection_modifyitems(session, config, items) -> None:
     nccl = config.stash.get(SESSION_KEY, None)
     if nccl is None:
         return
+    adopter = config.stash.get(ADOPTER_KEY, None)
+    if adopter is not None:  # which tests of torch's harness classes are adopted
+        adopter.collected(items)
     reason = unsupported_platform()
     for item in items:
         if reason is not None and item.get_closest_marker("nccl") is not None:
@@ -153,6 +188,11 @@ def pytest_sessionstart(session) -> None:
     if nccl is not None and _runs_tests(session.config):
         nccl.mode.session_started(session)
     _junit_and_gate_start(session)
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> list[str] | None:
+    adopter = config.stash.get(ADOPTER_KEY, None)
+    return adopter.report_lines() if adopter is not None else None
 
 
 @pytest.hookimpl(trylast=True)
@@ -194,6 +234,16 @@ def nccl_world(request):
 def pytest_runtest_protocol(item, nextitem):
     # pytest-timeout starts its clock here too (unless func_only): our bound is what it leaves
     item.stash[STARTED_KEY] = time.monotonic()
+    adopter = item.config.stash.get(ADOPTER_KEY, None)
+    if adopter is not None:
+        adopter.running(item)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem) -> None:
+    adopter = item.config.stash.get(ADOPTER_KEY, None)
+    if adopter is not None:
+        adopter.finished(item, nextitem)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -209,6 +259,26 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
     mode = pyfuncitem.config.stash[SESSION_KEY].mode
     assert mode is not None, "pytest_configure sets the mode before any test runs"
     return mode.run_item(pyfuncitem)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """A test that starts ranks itself (torchrun, mp.spawn, debug_launcher): they are followed while
+    it runs, and a hang or desync among them is its failure (launched.py)."""
+    __tracebackhide__ = True
+    launched = item.config.stash.get(LAUNCHED_KEY, None)
+    adopted = item.stash.get(ADOPTED_KEY, None)
+    # an adopted test's ranks are the fork server's, judged by its own call (adopt/)
+    call = launched.before(item) if launched is not None and not (adopted and adopted.adopted) else None
+    if call is None:
+        return (yield)
+    try:
+        result = yield
+    except BaseException as exc:
+        launched.after(call, item, exc)
+        raise
+    launched.after(call, item, None)
+    return result
 
 
 @pytest.hookimpl(wrapper=True)

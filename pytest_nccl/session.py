@@ -18,13 +18,11 @@ import pytest
 from . import errors
 from .budget import Budget, budget_for
 from .core.diagnosis import Diagnosis
-from .core.reports import CallResult
+from .core.reports import CallOutcome
 from .errors import DistributedTestFailure, NcclUsageError
 from .placement import Placement, place
 from .settings import Settings
-from .views.report import safe_filename, trace_json, write_trace_dir
-from .views.swimlane import swimlane_html
-from .views.timeline import timeline_json
+from .views import tracedir
 
 
 class Mode(Protocol):
@@ -55,7 +53,7 @@ class Mode(Protocol):
 @dataclass
 class ItemOutcome:
     """What a marked item's run left for the report hooks and the gate report."""
-    result: CallResult | None = None
+    result: CallOutcome | None = None
     headline: str = ""
     kind: str = ""
     exception: str = ""
@@ -134,9 +132,8 @@ def exception_class(name: str) -> type:
     return DistributedTestFailure
 
 
-def record_failure(item, session: NcclSession, diag: Diagnosis, exception: str, backend: str,
-                   result: CallResult | None = None, fr_pickle: dict | None = None,
-                   on_error=None) -> None:
+def record_failure(item, session: NcclSession, diag: Diagnosis, exception: str, *,
+                   result: CallOutcome | None = None, on_error=None) -> None:
     """The one place a failed item is recorded: headline, kind and exception for the report hooks,
     the JUnit XML and the gate report; the trace (and Flight Recorder dumps) in --nccl-trace-dir."""
     outcome = item_outcome(item)
@@ -146,39 +143,29 @@ def record_failure(item, session: NcclSession, diag: Diagnosis, exception: str, 
     item.user_properties.extend([("nccl_diagnosis", diag.headline), ("nccl_diagnosis_kind", diag.kind),
                                  ("nccl_exception", exception)])
     if session.settings.trace_dir and result is not None:
-        page = write_trace(session.settings.trace_dir, item.nodeid, result, diag, backend, fr_pickle or {},
-                           on_error)
+        page = write_trace(session.settings.trace_dir, item.nodeid, result, on_error)
         if page:
             item.user_properties.append(("nccl_trace_page", page))
 
 
-def write_trace(directory: str, nodeid: str, result: CallResult, diag: Diagnosis, backend: str,
-                fr_pickle: dict, on_error=None) -> str | None:
-    """A failed call in --nccl-trace-dir: ``<name>.json`` (and ``<name>.fr/``), then the views made
-    from the same records (docs/views.md): ``<name>.trace.json`` (Chrome trace events, for Perfetto)
-    and ``<name>.html`` (the swimlane page). Returns the page's absolute path, or None when it could
+def write_trace(directory: str, nodeid: str, result: CallOutcome, on_error=None) -> str | None:
+    """A failed call in --nccl-trace-dir (``views.tracedir``: the JSON, Flight Recorder dumps, the
+    Perfetto trace and the swimlane page). Returns the page's absolute path, or None when it could
     not be written. ``on_error(message)`` hears of what could not be written; without it an OSError
     on the JSON is raised, and a failure of the views becomes a warning (never the test's failure)."""
-    try:
-        text = trace_json(nodeid, result.ranks, diag, result.elapsed, result.bound, backend)
-        write_trace_dir(directory, nodeid, text, fr_pickle)
-    except OSError as exc:
-        if on_error is None:
-            raise
-        on_error(f"cannot write the trace of {nodeid}: {exc}")
-        return None
-    base = os.path.join(directory, safe_filename(nodeid))
-    try:
-        with open(base + ".trace.json", "w", encoding="utf-8") as f:
-            f.write(timeline_json(nodeid, result.ranks, diag, result.elapsed, result.bound, backend))
-        with open(base + ".html", "w", encoding="utf-8") as f:
-            f.write(swimlane_html(nodeid, result.ranks, diag, result.elapsed, result.bound, backend))
-    except Exception as exc:  # a view is a convenience: it never hides the failure it shows
-        message = f"cannot write the trace views of {nodeid}: {type(exc).__name__}: {exc}"
+    def view_error(message: str) -> None:
         if on_error is not None:
             on_error(message)
         else:
             # stacklevel 1: the warning is about this write, not about a caller's line
             warnings.warn(pytest.PytestWarning("pytest-nccl: " + message), stacklevel=1)
+
+    try:
+        written = tracedir.write_trace(directory, nodeid, result, view_error)
+    except OSError as exc:
+        if on_error is None:
+            raise
+        on_error(f"cannot write the trace of {nodeid}: {exc}")
         return None
-    return os.path.abspath(base + ".html")
+    page = written[-1]
+    return os.path.abspath(page) if page.endswith(".html") else None

@@ -142,6 +142,10 @@ SETTINGS = (
             _infra_code, None, switch=True),
     Setting("preload", "modules the fork server imports once, so that every rank has them", _lines, (),
             ini="linelist"),
+    Setting("adopt", "run the distributed tests a test suite already has under this plugin's bound, trace and "
+            "diagnosis (on, the default: torch's MultiProcessTestCase and MultiProcContinuousTest classes get "
+            "their ranks from the fork server) or not (off: they run under their own harness)",
+            parse_switch, True, metavar="on|off", ini="bool"),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
 MARKER_ARGS = tuple(s.name for s in SETTINGS if s.marker)
@@ -186,6 +190,7 @@ class Settings:
     report: str | None = None
     exitcode_infra: int | None = None
     preload: tuple = ()
+    adopt: bool = BY_NAME["adopt"].default
 
 
 assert {f.name for f in fields(Settings)} == set(BY_NAME), "every setting is one field of Settings"

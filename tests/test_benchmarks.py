@@ -17,7 +17,8 @@ import bench_cold  # noqa: E402
 
 def test_generated_files_compile_and_hold_the_tests(tmp_path):
     paths = bench_cold.write_files(str(tmp_path), 3)
-    assert sorted(paths) == ["mpct-1", "mpct-3", "mptc-1", "mptc-3", "ours-1", "ours-3"]
+    assert sorted(paths) == ["mpct-1", "mpct-3", "mptc-1", "mptc-3", "ours-1", "ours-3", "plain"]
+    assert "@pytest.mark.nccl" not in open(paths["plain"]).read()
     for path in paths.values():
         py_compile.compile(path, doraise=True)
     ours = open(paths["ours-3"]).read()
@@ -32,7 +33,8 @@ def test_generated_files_compile_and_hold_the_tests(tmp_path):
 @pytest.mark.parametrize("runner", ["python", "pytest"])
 def test_commands(tmp_path, runner):
     cmds = bench_cold.commands(bench_cold.write_files(str(tmp_path), 20), 20, runner)
-    assert set(cmds) == {"floor", "ours-1", "ours-20", "mpct-1", "mpct-20", "mptc-1", "mptc-20"}
+    assert set(cmds) == {"floor", "pytest-floor", "ours-1", "ours-20", "mpct-1", "mpct-20", "mptc-1", "mptc-20"}
+    assert cmds["pytest-floor"].argv[-1] == str(tmp_path / "plain.py") and cmds["pytest-floor"].expect == "1 passed"
     assert cmds["ours-1"].argv[1:6] == ["-m", "pytest", "-q", "-p", "no:cacheprovider"]
     assert cmds["ours-1"].argv[-1] == "--nccl-world=4" and cmds["ours-20"].expect == "20 passed"
     if runner == "python":
@@ -46,9 +48,9 @@ def test_commands(tmp_path, runner):
 
 def test_plan_and_summary():
     cmds = {n: bench_cold.Command(n, ["true"], "") for n in
-            ("floor", "ours-1", "ours-20", "mpct-1", "mpct-20", "mptc-1", "mptc-20")}
+            ("floor", "pytest-floor", "ours-1", "ours-20", "mpct-1", "mpct-20", "mptc-1", "mptc-20")}
     keys = [c.key for c in bench_cold.plan(cmds, 20, pairs=5, spawn_pairs=0)]
-    assert keys == ["one-test vs MultiProcContinuousTest", "one-test vs import floor",
+    assert keys == ["one-test vs MultiProcContinuousTest", "one-test vs import floor", "one-test vs pytest floor",
                     "20-test vs MultiProcContinuousTest", "one-test vs MultiProcessTestCase"]
     comps = bench_cold.plan(cmds, 20, pairs=5, spawn_pairs=2)
     assert comps[-1].key == "20-test vs MultiProcessTestCase" and comps[-1].pairs == 2

@@ -65,6 +65,21 @@ def test_true_hang_slow_rank_and_timeout_outside_collectives():
     assert diagnose(idle, "timeout", 5).kind == "timeout"
 
 
+def test_a_rank_inside_a_torch_call_is_placed_at_the_user_line_that_called_it():
+    """torch.cuda.synchronize() (or a Future's wait) holds the rank: the place is the test's line,
+    not torch's own line inside the call (seen on an H200 with a kernel that never ends)."""
+    stack = ('Thread MainThread:\n  File "/w/test_x.py", line 29, in test_y\n    torch.cuda.synchronize()  # STUCK\n'
+             '  File "/site-packages/torch/cuda/__init__.py", line 1162, in synchronize\n'
+             '    return torch._C._cuda_synchronize()\n')
+    d = diagnose([view(0, "running", [rec(0, 1, state="completed")]), view(1, "running", [], stack=stack)],
+                 "timeout", 8)
+    assert "rank 1 is busy outside any collective at /w/test_x.py:29: torch.cuda.synchronize()" in d.headline, \
+        d.headline
+    only_torch = 'Thread MainThread:\n  File "/site-packages/torch/futures/__init__.py", line 9, in wait\n    x\n'
+    d = diagnose([view(0, "running", []), view(1, "running", [], stack=only_torch)], "timeout", 8)
+    assert "at torch/futures/__init__.py:9" in d.headline, d.headline
+
+
 def test_subgroups_are_matched_among_their_members():
     ranks = [view(0, "running", [rec(0, 1, pg="pg1[0,1]", state="entered")]),
              view(1, "running", [rec(1, 1, pg="pg1[0,1]", state="entered")]),

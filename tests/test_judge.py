@@ -72,6 +72,17 @@ def test_a_rank_without_a_report_is_running_and_an_error_is_a_failure():
     assert result.diagnosis.kind == Kind.RAISED and "rank 0 raised cannot load x" in result.diagnosis.headline
 
 
+def test_a_decision_overtaken_by_every_rank_finishing_clean_is_a_clean_completion():
+    """A rule decided on what it saw (a rank of another node looked gone under load), but every rank
+    had passed by the time the reports were taken: clean, not 'the ranks disagree' (a CI failure of a
+    clean two-node job)."""
+    digest = {"default": Digest(8, 3)}
+    result = judge(reports("passed", "passed", digest=digest), 2, Reason.DECIDED, 6, Journals({}))
+    assert result.clean and result.reason == Reason.COMPLETED
+    result = judge(reports("passed", "failed", digest=digest), 2, Reason.DECIDED, 6, Journals({0: [], 1: []}))
+    assert result.diagnosis.kind == Kind.RAISED and "rank 1" in result.diagnosis.headline
+
+
 def test_every_rank_finished_only_after_the_bound_is_a_timeout_rounded_for_people():
     result = judge(reports("passed", "passed", digest={}), 2, Reason.TIMEOUT, 2.87518, Journals({0: [], 1: []}))
     assert result.diagnosis.kind == Kind.TIMEOUT

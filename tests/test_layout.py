@@ -64,7 +64,8 @@ def in_folder(*folders: str) -> set:
 RANK_SIDE = in_folder("core", "rank") | {
     "errors",
     # pytest-nccl watch: the start-up hook every process of a watched job runs
-    "watch", "watch.startup", "watch.startup.sitecustomize", "watch.inject", "watch.agent", "watch.jobdir"}
+    "watch", "watch.startup", "watch.startup.sitecustomize", "watch.inject", "watch.agent", "watch.jobdir",
+    "watch.fold"}
 # Pure: tested on data with a fake clock; no torch, no processes, no sockets.
 PURE = in_folder("core") | {"settings", "views.timeline", "views.swimlane", "bisect.tomlcompat",
                             "bisect.matrix", "bisect.matrix.results", "bisect.matrix.findings",

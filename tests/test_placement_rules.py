@@ -17,12 +17,22 @@ from pytest_nccl.settings import parse_world
     ("auto", 4, 2, Placement("gloo", "auto: 2 CUDA devices < world 4; CUDA hidden from the ranks")),
     ("auto", 4, 8, Placement("nccl", "auto: 8 CUDA devices >= world 4", gpus=True)),
     ("gloo", 2, 0, Placement("gloo", "requested")),
-    ("gloo", 2, 1, Placement("gloo", "requested; CUDA hidden from the ranks: 1 CUDA device < world 2")),
+    ("gloo", 2, 1, Placement("gloo", "requested; 1 CUDA device < world 2, shared: rank r on cuda:r % 1",
+                             shared_gpus=1)),
+    ("gloo", 5, 2, Placement("gloo", "requested; 2 CUDA devices < world 5, shared: rank r on cuda:r % 2",
+                             shared_gpus=2)),
     ("gloo", 2, 8, Placement("gloo", "requested; a GPU per rank: 8 CUDA devices >= world 2", gpus=True)),
     ("nccl", 2, 2, Placement("nccl", "requested", gpus=True)),
 ])
 def test_placement(requested, world, gpus, expected):
     assert place(requested, world, gpus) == expected
+
+
+@pytest.mark.parametrize("world, gpus, devices", [(2, 1, [0, 0]), (5, 2, [0, 1, 0, 1, 0]), (3, 3, [None] * 3),
+                                                  (4, 0, [None] * 4)])
+def test_ranks_that_share_gpus_take_them_in_turn(world, gpus, devices):
+    placement = place("gloo", world, gpus)
+    assert [placement.device_of(r) for r in range(world)] == devices
 
 
 def test_nccl_without_enough_gpus_is_one_line():

@@ -6,14 +6,18 @@ tracer patches torch.distributed for the whole process."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 
 
 def _run(code: str) -> str:
+    # without the launched-ranks hook this test's children get (docs/launched.md): it would install
+    # the tracer at torch's import, before the code under test installs it
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_NCCL_WATCH_DIR"}
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=180)
+                          timeout=180, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
 

@@ -207,12 +207,24 @@ def test_rank_that_raised_is_diagnosed_with_its_traceback(tmp_path):
     assert run.summary["kind"] == "rank-raised" and run.summary["elapsed_s"] < 10
 
 
-def test_shape_mismatch(tmp_path):
-    run = watch(tmp_path, "shape", "--timeout", "60")
+def test_shape_mismatch_and_its_trace_directory(tmp_path):
+    """A desync; --trace-dir holds what a failing test's --nccl-trace-dir does: the JSON, the
+    Perfetto trace and the swimlane page, each showing the verdict."""
+    run = watch(tmp_path, "shape", "--timeout", "60", "--trace-dir", str(tmp_path / "trace"))
     assert run.code == EXIT_DIAGNOSED, run.text
-    assert (f"shape mismatch in all_reduce #4 of group default: rank 0 [1], rank 1 [4] "
-            f"(from train.py:{line('# the mismatch')})") in run.stderr, run.stderr
+    headline = (f"shape mismatch in all_reduce #4 of group default: rank 0 [1], rank 1 [4] "
+                f"(from train.py:{line('# the mismatch')})")
+    assert headline in run.stderr, run.stderr
     assert run.summary["kind"] == "shape-mismatch" and run.summary["elapsed_s"] < 10
+    files = run.summary["trace_files"]
+    base = files[0].removesuffix(".json")
+    assert base + ".trace.json" in files and base + ".html" in files, files
+    assert json.loads(Path(files[0]).read_text())["diagnosis"]["headline"] == headline
+    assert "traceEvents" in json.loads(Path(base + ".trace.json").read_text())
+    assert "shape mismatch in all_reduce #4" in Path(base + ".html").read_text()
+    # torchrun's own ~25-line traceback of the watch's SIGTERM is one line; the job's output is all there
+    assert "SignalException" in run.stderr and "(the watch ended the job; traceback folded)" in run.stderr
+    assert "Traceback" not in run.stderr.split("diagnosed; ending the job")[1].split("=" * 20)[0], run.stderr
 
 
 def test_every_rank_stuck_past_the_timeout(tmp_path):

@@ -21,7 +21,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from watch_support import FIXTURES, HF_OFFLINE, REPO, run_watch, torchrun, untouched, verdict_ok
+from watch_support import (
+    FIXTURES,
+    HF_OFFLINE,
+    REPO,
+    inherited_pythonpath,
+    run_watch,
+    torchrun,
+    untouched,
+    verdict_ok,
+)
 
 TIMEOUT = 60.0
 BAD_STACK = "trl-0.15.0"
@@ -41,7 +50,7 @@ def stack_python(name: str) -> Path | None:
 
 def fixtures(tmp_path: Path, python: str) -> tuple[Path, Path]:
     """The model and the dataset, written by the release that will read them."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), **HF_OFFLINE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), *inherited_pythonpath(python)]), **HF_OFFLINE)
     proc = subprocess.run([python, "-c", FIXTURES, str(tmp_path)], env=env, capture_output=True, text=True,
                           timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
@@ -62,7 +71,8 @@ def test_sft_script_on_the_bad_release_is_diagnosed(tmp_path):
                     "it under ~/.cache/pytest-nccl/stacks")
     trainer = next(python.parent.parent.glob("lib/python*/site-packages/trl/trainer/sft_trainer.py"))
     line = next(i for i, text in enumerate(trainer.read_text().splitlines(), 1) if GATHER in text)
-    run = run_watch(tmp_path, sft(tmp_path, str(python)), "--timeout", f"{TIMEOUT:g}", timeout=300, **HF_OFFLINE)
+    run = run_watch(tmp_path, sft(tmp_path, str(python)), "--timeout", f"{TIMEOUT:g}", timeout=300,
+                    inherit_pythonpath=False, **HF_OFFLINE)
     verdict_ok(run, TIMEOUT)
     headline = run.summary["headline"]
     found = re.match(r"shape mismatch in all_gather #(\d+) of group default: rank 0 \[1, (\d+), (\d+)\], "

@@ -51,10 +51,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def job_env(tag: str, pythonpath: list | None = None, **extra) -> dict:
+def inherited_pythonpath(python: str = sys.executable) -> list[str]:
+    """This interpreter's own PYTHONPATH entries, for children that run it: where packages are installed
+    on PYTHONPATH (``pip install --target``, as on a GPU host that carries wheels) the job needs them.
+    None for another interpreter (a release stack's venv), whose packages they would shadow."""
+    if python != sys.executable:
+        return []
+    return [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+
+
+def job_env(tag: str, pythonpath: list | None = None, inherit_pythonpath: bool = True, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in DROP_ENV and not k.startswith("TORCHELASTIC_")}
     paths = [str(p) for p in (pythonpath or [])] + [str(REPO)]
-    env.update(PYTEST_NCCL_TEST_TAG=tag, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
+    if inherit_pythonpath:
+        paths += [p for p in inherited_pythonpath() if p not in paths]
+    # CPU jobs: on a GPU host, accelerate and transformers would put rank 1 on cuda:1, which a one-GPU
+    # host lacks ("invalid device ordinal" in accelerate's barrier, seen on an H200)
+    env.update(PYTEST_NCCL_TEST_TAG=tag, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
                PYTHONPATH=os.pathsep.join(paths), **extra)
     # the launchers the tests name (torchrun, accelerate, deepspeed) from this interpreter's environment
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
@@ -62,16 +75,18 @@ def job_env(tag: str, pythonpath: list | None = None, **extra) -> dict:
 
 
 def run_watch(tmp_path: Path, launch: list, *watch_args: str, pythonpath: list | None = None,
-              timeout: float = JOB_TIMEOUT, python: str = sys.executable, **env) -> Watched:
+              timeout: float = JOB_TIMEOUT, python: str = sys.executable, inherit_pythonpath: bool = True,
+              **env) -> Watched:
     """``python -m pytest_nccl watch [watch_args] --json F -- launch...`` in ``tmp_path``. ``python``
-    runs the watch; the launch command names its own interpreter."""
+    runs the watch; the launch command names its own interpreter (``inherit_pythonpath=False`` when it
+    is another one than this test's: see ``inherited_pythonpath``)."""
     tag = uuid.uuid4().hex
     summary_path = tmp_path / f"verdict-{tag[:8]}.json"
     command = [python, "-m", "pytest_nccl", "watch", *watch_args, "--json", str(summary_path), "--", *launch]
     t0 = time.monotonic()
     try:
-        proc = subprocess.run(command, cwd=tmp_path, env=job_env(tag, pythonpath, **env), capture_output=True,
-                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(command, cwd=tmp_path, env=job_env(tag, pythonpath, inherit_pythonpath, **env),
+                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as exc:
         assert_no_leftovers(tag, wait=30.0)
         pytest.fail(f"the watch did not finish within {timeout} s:\n{exc.stdout}\n{exc.stderr}")

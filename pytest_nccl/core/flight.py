@@ -10,6 +10,7 @@ only, no analysis, no torch.
 
 from __future__ import annotations
 
+import copy
 import json
 
 from .records import CollectiveRecord
@@ -69,6 +70,15 @@ def records_from_dump(text: str | None, rank: int, since_ns: int = 0) -> list[Co
     return out
 
 
+def with_flight_recorder(journals: dict[int, list[CollectiveRecord]], fr_json: dict[int, str],
+                         since_ns: int = 0) -> dict[int, list[CollectiveRecord]]:
+    """The journals with every rank's Flight Recorder dump (its JSON text) merged in: the one merge
+    every transport uses. The records are copied (merging renumbers them), the journals kept as they
+    were."""
+    dumps = {r: records_from_dump(text, r, since_ns) for r, text in fr_json.items() if text}
+    return merge({r: [copy.copy(rec) for rec in recs] for r, recs in journals.items()}, dumps)
+
+
 def merge(journals: dict[int, list[CollectiveRecord]],
           dumps: dict[int, list[CollectiveRecord]]) -> dict[int, list[CollectiveRecord]]:
     """Every rank's Python records plus the Flight Recorder entries they do not cover.
@@ -99,6 +109,7 @@ def _renumber(records: list[CollectiveRecord], base: dict[str, int]) -> None:
     for rec in sorted(records, key=lambda r: r.fr_seq or 0):
         fr_seq = rec.fr_seq or 0  # every record here is numbered (merge() keeps the others apart)
         rec.seq = fr_seq - base[rec.pg] + 1 - extra.get(rec.pg, 0)
+        rec.before = 0  # numbered by the Flight Recorder now, not by a window
         if rec.fr_seq_end is not None and rec.fr_seq_end > fr_seq:
             extra[rec.pg] = extra.get(rec.pg, 0) + rec.fr_seq_end - fr_seq
 

@@ -17,9 +17,9 @@ from typing import Callable
 
 from .agreement import digest_of, digests_agree
 from .diagnosis import Diagnosis, diagnose
-from .diagnosis.wording import seconds
+from .diagnosis.wording import TEST, Words, seconds
 from .records import CollectiveRecord, RankView
-from .reports import CallResult, RankReport
+from .reports import CallOutcome, RankReport
 from .states import CLEAN_STATES, Kind, Reason
 
 Journals = Callable[[], "dict[int, list[CollectiveRecord]]"]
@@ -33,9 +33,9 @@ def is_clean(views: list[RankView], reason: Reason, digests: dict | None) -> boo
             and (digests is None or digests_agree(digests, len(views))))
 
 
-def verdict(views: list[RankView], reason: Reason, bound: float) -> Diagnosis:
+def verdict(views: list[RankView], reason: Reason, bound: float, words: Words = TEST) -> Diagnosis:
     """The diagnosis of a call that is not clean; never None."""
-    diag = diagnose(views, reason, bound)
+    diag = diagnose(views, reason, bound, words)
     if diag is None and reason == Reason.TIMEOUT and all(v.status in CLEAN_STATES for v in views):
         diag = Diagnosis(Kind.TIMEOUT, f"the test took longer than its {seconds(bound)} s bound: every rank "
                          "finished it, but only after the bound (raise the bound, or make the test shorter)")
@@ -51,12 +51,17 @@ def settled(journals: dict, live) -> bool:
 
 
 def judge(reports: dict[int, RankReport], world: int, reason: Reason, bound: float, journals: Journals,
-          elapsed: float = 0.0, trace: bool = True) -> CallResult:
+          elapsed: float = 0.0, trace: bool = True, words: Words = TEST) -> CallOutcome:
     """The views and the verdict of one call. ``reports``: rank -> its report (a rank without one
     never reported: RUNNING); ``journals()``: rank -> its records, asked only when the call is not
     clean or a report carries no digest; ``trace``: the collectives were traced (else digests are
-    not compared)."""
+    not compared); ``words``: the headline names a test or a job."""
     full = {r: reports.get(r) or RankReport(r) for r in range(world)}
+    if reason == Reason.DECIDED and all(rep.state.finished for rep in full.values()):
+        # a rule decided on what it saw then (a rank of another node looked gone, a late report), but
+        # by the time the reports were taken every rank had finished: the call completed, and is
+        # judged as such (a clean one is clean, not a 'disagreement' among ranks that all passed)
+        reason = Reason.COMPLETED
     views = [full[r].view() for r in range(world)]
     records: dict | None = None
     digests = None
@@ -65,14 +70,14 @@ def judge(reports: dict[int, RankReport], world: int, reason: Reason, bound: flo
             records = journals()
         digests = {r: rep.digest if rep.digest is not None else digest_of(records.get(r, []) if records else [])
                    for r, rep in full.items()}
-    result = CallResult(ranks=views, reason=reason, reports=full, elapsed=elapsed, bound=bound)
+    result = CallOutcome(views=views, reason=reason, reports=full, elapsed=elapsed, bound=bound)
     if is_clean(views, reason, digests):
         return result
     if trace:
         records = records if records is not None else journals()
         for view in views:
             view.records = records.get(view.rank, [])
-    result.diagnosis = verdict(views, reason, bound)
+    result.diagnosis = verdict(views, reason, bound, words)
     return result
 
 

@@ -3,7 +3,8 @@ travels where. Plain picklable data (standard library only: every rank imports i
 dispatches on the message's class to one handler.
 
 Forked ranks: one unix socket per rank, pickled (``forked/group.py`` <-> ``rank/loop.py``)
-    controller -> rank   RunCall(call)            run a test body or an ``nccl_world.run`` function
+    controller -> rank   RunCall(call)            run a test body, an ``nccl_world.run`` function, or an
+                                                  adopted test (``AdoptedTest``: its class's own rank entry)
                          DumpRequest()            stacks and Flight Recorder, answered while stuck
     rank -> controller   Hello(rank, pid)         connected, before joining the process group
                          Joined(rank)             in the process group
@@ -29,6 +30,15 @@ Watch: files in the job's directory and each rank's agent socket (``watch/jobdir
     rank-<R>.json        ``watch.jobdir`` rank info (JSON): pid, host, world, backend
     exit-<R>.json        the rank's ``RankReport`` (JSON form), written at exit
     agent socket         one request word per connection, answered with one JSON object
+
+Ranks a test starts itself: a socketpair, pickled (``launched.py`` <-> ``watch/intest.py``, the
+session's helper process, which follows each test's directory as the watch follows a job's)
+    pytest -> helper     TestEnded(call, failed, until)  a test's call returned, when a process of
+                                                  it made its directory (``TestCall``: nothing is sent
+                                                  when a call begins); pytest waits for the answer
+                         Quit()                   the session ends
+    helper -> pytest     TestFollowed(n, verdict) done with test n: every process it started ended;
+                                                  ``LaunchedVerdict`` or None
 """
 
 from __future__ import annotations
@@ -45,6 +55,29 @@ class CallKind(str, enum.Enum):
     """What a call runs on the ranks."""
     TEST = "test"          # a test function marked nccl: its return value is ignored
     FUNCTION = "fn"        # nccl_world.run(fn): the return value is sent back, pickled
+    ADOPTED = "adopted"    # a test of torch's MultiProcessTestCase family: its class's own per-rank entry
+
+
+class Harness(str, enum.Enum):
+    """Which of torch's harnesses an adopted test class uses (``adopt/``)."""
+    PROCESS = "MultiProcessTestCase"        # fresh ranks per test, running ``cls._run``
+    CONTINUOUS = "MultiProcContinuousTest"  # one group per class: ``_init_pg`` once, then each test
+    THREADED = "MultiThreadedTestCase"      # ranks as threads: never adopted
+
+
+@dataclass
+class AdoptedTest:
+    """What a rank needs to run one adopted test (the payload of a ``CallKind.ADOPTED`` call):
+    the class's own per-rank entry, with what torch's harness would have given a spawned rank."""
+    harness: Harness
+    class_name: str           # the class's name in its module (the name pytest collected it by)
+    test_name: str            # the method
+    test_id: str              # unittest's id() (MultiProcContinuousTest's workers are sent it)
+    world: int
+    file_name: str = ""       # MultiProcessTestCase: the file the controller's setUp made
+    rdvz_file: str = ""       # MultiProcContinuousTest: the class's rendezvous file
+    environ: dict = field(default_factory=dict)   # the controller's environment when ranks started
+    kwargs: dict = field(default_factory=dict)    # more arguments of ``_run`` (fake_pg)
 
 
 @dataclass
@@ -60,6 +93,7 @@ class Call:
     sys_path: list = field(default_factory=list)
     nodeid: str = ""
     rank_args: list = field(default_factory=list)  # fixtures whose values only a rank has
+    adopted: AdoptedTest | None = None             # CallKind.ADOPTED: what to run
 
 
 # -- forked ranks ----------------------------------------------------------------------------------
@@ -121,6 +155,8 @@ class RankSpec:
     master_port: int
     env: dict = field(default_factory=dict)   # more environment (CUDA_VISIBLE_DEVICES, ...)
     run_id: str = "pytest-nccl"
+    cuda_device: int | None = None             # the current CUDA device of a rank that shares GPUs
+    own_group: bool = False    # adopted tests: the test creates its process group itself, not the rank
 
 
 # -- the fork server ----------------------------------------------------------------------------------
@@ -225,3 +261,60 @@ class Verdict:
     @property
     def failed(self) -> bool:
         return self.status == RankState.FAILED
+
+
+# -- ranks a test starts itself ---------------------------------------------------------------------------
+
+@dataclass
+class TestCall:
+    """A test's call, as its directory's name says it (``t<n>-<since>-<bound in 0.1 s>``): pytest sends
+    nothing when a call begins; the helper learns of it when a process of the test makes the directory."""
+    __test__ = False          # not a test class, whatever pytest's name rules say
+    n: int
+    directory: str
+    since: int                # clock ticks since boot (``/proc/PID/stat``'s start time) at the call's start
+    bound: float              # seconds without progress that make a hang (--nccl-timeout)
+
+    @property
+    def name(self) -> str:
+        return f"t{self.n}-{self.since}-{round(self.bound * 10)}"
+
+    @classmethod
+    def from_name(cls, base: str, name: str) -> "TestCall | None":
+        try:
+            n, since, bound = name[1:].split("-")
+            return cls(int(n), f"{base}/{name}", int(since), int(bound) / 10) if name[0] == "t" else None
+        except (ValueError, IndexError):
+            return None
+
+
+@dataclass
+class TestEnded:
+    __test__ = False
+    call: TestCall
+    failed: bool              # the test itself raised (its own failure, before any verdict of ours)
+    until: int                # clock ticks since boot at the call's end: what started later is another test's
+
+
+@dataclass
+class Quit:
+    pass
+
+
+@dataclass
+class LaunchedVerdict:
+    """What the helper concluded of a test's ranks."""
+    headline: str
+    exception: str            # the public exception's class name
+    report: str               # the report text (headline, collective table, stacks)
+    live: bool                # decided while the test ran: the helper ended the test's processes
+    launcher_sees: bool       # a rank raised or died: the launcher tells the test itself
+    finding: object = None    # the watch's ``Finding`` (views and diagnosis), for the trace; None: no diagnosis
+    backend: str = ""
+
+
+@dataclass
+class TestFollowed:
+    __test__ = False
+    n: int
+    verdict: LaunchedVerdict | None = None

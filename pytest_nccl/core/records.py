@@ -56,6 +56,14 @@ class CollectiveRecord:
     p2p: list = field(default_factory=list)  # P2P transfers of a point-to-point record
     group: str = ""         # the c10d group name ("0": the default group), for the Flight Recorder
     detail: dict = field(default_factory=dict)  # OUTSIDE: store, n, r, role, name, key, joined (journal v3)
+    # collectives of this group before the first one kept: a long job's window numbers the records it
+    # keeps from 1 (the rules compare positions), a person reads the rank's own count (``number``)
+    before: int = 0
+
+    @property
+    def number(self) -> int:
+        """The number a report shows: the rank's own count in its group."""
+        return self.seq + self.before
 
     @property
     def signature(self) -> tuple:
@@ -109,6 +117,11 @@ class RankView:
 
     def records_in(self, pg: str) -> list[CollectiveRecord]:
         return [r for r in self.records if r.pg == pg]
+
+    def count_in(self, pg: str) -> int:
+        """Collectives this rank entered in ``pg``, those before a long job's window included."""
+        records = self.records_in(pg)
+        return len(records) + (records[0].before if records else 0)
 
     @property
     def current(self) -> CollectiveRecord | None:

@@ -1,4 +1,4 @@
-"""The one report of a rank's part in a call, whatever carried it, and the result of a whole call.
+"""The one report of a rank's part in a call, whatever carried it, and the outcome of a whole call.
 
 Every transport produces a ``RankReport`` per rank and hands them to ``judge.judge``:
 
@@ -17,11 +17,14 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING
 
 from .agreement import Digest
-from .diagnosis.findings import Diagnosis
 from .records import RankView
 from .states import RankState, Reason
+
+if TYPE_CHECKING:  # the rank side imports this module: no diagnosis code at run time
+    from .diagnosis.findings import Diagnosis
 
 
 @dataclass
@@ -85,16 +88,28 @@ class RankReport:
 
 
 @dataclass
-class CallResult:
-    """What a transport learned from one call on every rank, with the judge's word on it."""
-    ranks: list[RankView]
+class CallOutcome:
+    """How one call ended on every rank, whatever front-end ran it (forked groups, SPMD, the watch):
+    every rank's report, the analysis's view of each, the judge's diagnosis (None: clean), and what a
+    view needs to show it (timing, backend, where the numbering of each group starts)."""
+    views: list[RankView]
     reason: Reason
     reports: dict = field(default_factory=dict)   # rank -> RankReport
     elapsed: float = 0.0
     bound: float = 0.0
+    diagnosis: Diagnosis | None = None             # None: the call is clean
+    backend: str = ""
     fr_json: dict = field(default_factory=dict)   # rank -> Flight Recorder JSON text
     fr_pickle: dict = field(default_factory=dict)  # rank -> Flight Recorder dump (fr_trace's format)
-    diagnosis: Diagnosis | None = None             # None: the call is clean
+    # a long job's window (the watch): group -> collectives before the first record kept, and
+    # rank -> {group: collectives it entered}; empty: records are numbered from the call's start
+    bases: dict = field(default_factory=dict)
+    counts: dict = field(default_factory=dict)
+
+    @property
+    def ranks(self) -> list[RankView]:
+        """The views, by the name the test modes' callers read."""
+        return self.views
 
     @property
     def clean(self) -> bool:
@@ -102,4 +117,14 @@ class CallResult:
 
     @property
     def all_passed(self) -> bool:
-        return all(v.status == RankState.PASSED for v in self.ranks)
+        return all(v.status == RankState.PASSED for v in self.views)
+
+    @property
+    def verdict(self) -> Diagnosis:
+        """The diagnosis of an outcome that has one (every outcome a failure report shows)."""
+        if self.diagnosis is None:
+            raise ValueError("pytest-nccl: a clean call has no verdict")
+        return self.diagnosis
+
+
+CallResult = CallOutcome  # the name the test modes used

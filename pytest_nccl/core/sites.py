@@ -95,21 +95,31 @@ def _user_frames(stack: str) -> list[tuple[str, str, str, str]]:
     return [f for f in _main_frames(stack or "") if not is_ours(f[0])]
 
 
-def stack_top(stack: str) -> str:
-    """The innermost frame of the main thread outside pytest_nccl: 'file:line (in f)', the call-site
-    form of every headline."""
+_TORCH_DIR = os.sep + "torch" + os.sep
+
+
+def _place_frame(stack: str) -> tuple[str, str, str, str] | None:
+    """The frame that says where a rank is: the innermost of the main thread outside pytest_nccl and
+    torch (the user's ``torch.cuda.synchronize()``, not torch's own line inside it), else the
+    innermost outside pytest_nccl."""
     frames = _user_frames(stack)
-    if not frames:
+    return next((f for f in reversed(frames) if _TORCH_DIR not in f[0]), frames[-1] if frames else None)
+
+
+def stack_top(stack: str) -> str:
+    """Where a rank is, 'file:line (in f)' (``_place_frame``), the call-site form of every headline."""
+    frame = _place_frame(stack)
+    if frame is None:
         return ""
-    path, line, func, _ = frames[-1]
+    path, line, func, _ = frame
     return f"{short_path(path)}:{line} (in {func})"
 
 
 def stack_source(stack: str) -> str:
-    """The source line of the main thread's innermost frame outside pytest_nccl ("time.sleep(60)"):
-    what a rank outside any collective is doing there."""
-    frames = _user_frames(stack)
-    source = frames[-1][3] if frames else ""
+    """The source line of ``stack_top``'s frame ("time.sleep(60)"): what a rank outside any
+    collective is doing there."""
+    frame = _place_frame(stack)
+    source = frame[3] if frame is not None else ""
     return re.sub(r"\s+#[^'\"]*$", "", source)  # without a trailing comment
 
 

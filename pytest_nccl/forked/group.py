@@ -2,7 +2,8 @@
 what the ranks report to the referee, collect stacks once it decides, tear the group down.
 
 The shape follows xdist's ``workermanage.py`` (start and watch workers); the decisions are the
-referee's (``pytest_nccl/referee.py``), this module only moves messages and files.
+referee's (``core/referee.py``), what follows them the driver's (``core/call.py``): this module and
+``call.py`` only move messages and files.
 """
 
 from __future__ import annotations
@@ -13,20 +14,19 @@ import signal
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import cast
 
+from ..core.call import CallDriver
 from ..core.exits import decode_wait_status, describe_wait_status
-from ..core.flight import merge as merge_flight_recorder
-from ..core.flight import records_from_dump
 from ..core.journal import read_journal
-from ..core.judge import judge, settled
 from ..core.messages import Call, CallDone, Dump, DumpRequest, Hello, Joined, RankSpec, RunCall, SetupFailed
 from ..core.referee import TIMING, Referee
-from ..core.reports import CallResult, RankReport
-from ..core.states import RankState, Reason
+from ..core.reports import CallOutcome, RankReport
+from ..core.states import RankState
 from ..errors import RankSetupError
-from .call import CallState, ForkedCallView, file_size, journal_path
+from .call import CallState, ForkedCall, file_size, journal_path, read_from
 from .zygote_client import Zygote
 
 
@@ -41,17 +41,18 @@ class RankGroup:
     _ids = itertools.count()
 
     def __init__(self, zygote: Zygote, world: int, backend: str, timeout: float, workdir: str,
-                 gpu_ids: list | None = None, rank_env: dict | None = None):
+                 gpu_ids: list | None = None, rank_env: dict | None = None,
+                 device_of: Callable[[int], int | None] | None = None, own_group: bool = False):
         self.zygote, self.world, self.backend, self.timeout = zygote, world, backend, timeout
         self.key: tuple = (world, backend, timeout)  # GroupPool sets its own lookup key
         self.gid = next(self._ids)
         self.dir = tempfile.mkdtemp(prefix=f"g{self.gid}-", dir=workdir)
         self.gpu_ids = gpu_ids  # physical device ids (the leaser maps them through CUDA_VISIBLE_DEVICES)
+        self.device_of = device_of  # a rank's current CUDA device when the ranks share GPUs, else None
         self.pids: dict[int, int] = {}
         self.conns: dict[int, Connection] = {}
         self.calls = itertools.count(1)
         self.healthy = False
-        self.used = False
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.control_path = os.path.join(self.dir, "control.sock")
         self._listener.bind(self.control_path)
@@ -59,6 +60,7 @@ class RankGroup:
         self.rank_env = dict(rank_env or {})
         if gpu_ids is not None:
             self.rank_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids))
+        self.own_group = own_group  # adopted tests: the ranks join no group of ours
         self.joined: set = set()
         self.setup_errors: dict[int, str] = {}
 
@@ -79,7 +81,9 @@ class RankGroup:
                             store_path=os.path.join(self.dir, "store"), control_path=self.control_path,
                             output_path=self.output_path(rank), stack_path=self.stack_path(rank),
                             master_addr="127.0.0.1", master_port=master_port, env=self.rank_env,
-                            run_id=f"pytest-nccl-{os.getpid()}-{self.gid}")
+                            run_id=f"pytest-nccl-{os.getpid()}-{self.gid}",
+                            cuda_device=self.device_of(rank) if self.device_of else None,
+                            own_group=self.own_group)
             self.pids[rank] = self.zygote.fork(spec)
         hello: dict = {}
         while len(self.joined) + len(self.setup_errors) < self.world:
@@ -135,14 +139,13 @@ class RankGroup:
                 f"missing: {', '.join(missing)}")
 
     # -- one call -----------------------------------------------------------------------------
-    def run(self, call: Call, bound: float) -> CallResult:
-        self.used = True
+    def run(self, call: Call, bound: float) -> CallOutcome:
+        """One call on every rank, run by the driver (``core.call``) through ``ForkedCall``."""
         call.call_id = next(self.calls)
         t0 = time.monotonic()
         referee = Referee(self.world, bound, t0, trace=call.trace, flight_recorder=True)
         state = CallState(call, self.world, t0, time.time_ns(), referee, self.conns)
-        view = ForkedCallView(self, state)
-        offsets = {r: file_size(self.output_path(r)) for r in range(self.world)}
+        transport = ForkedCall(self, state)
         for conn in self.conns.values():
             try:
                 conn.send(RunCall(call))
@@ -152,56 +155,7 @@ class RankGroup:
             if rank not in self.conns:
                 state.reports[rank] = RankReport(rank, RankState.DEAD, finished_at=0.0)
                 referee.finished(rank, RankState.DEAD, t0)
-        while True:
-            reason = referee.step(time.monotonic(), view)
-            if reason is not None:
-                break
-            ready = _ready([*state.live.values(), self.zygote.conn],
-                           timeout=max(0.0, referee.wake_at() - time.monotonic()))
-            for obj in ready:
-                if obj is self.zygote.conn:
-                    self.zygote.drain()
-                else:
-                    self._receive(obj, state)
-        if reason == Reason.DECIDED and referee.settle:
-            self._settle(state)
-        reports = state.reports
-        if state.live:
-            # stacks of the ranks still running; Flight Recorder of every rank that can answer
-            state.fr_json.clear()
-            self._request_dumps(state, list(self.conns), TIMING.stacks_wait, want_stacks=True)
-            self._faulthandler_stacks(state)
-            for rank in state.live:
-                reports[rank] = RankReport(rank, RankState.RUNNING, stack=state.stacks.get(rank, ""))
-            self.healthy = False
-        if reason != Reason.COMPLETED or any(rep.state != RankState.PASSED for rep in reports.values()):
-            self.healthy = False
-        if any(not rep.initialized or rep.dangling for rep in reports.values()):
-            # the test destroyed the default group, or left collectives in flight that would pair
-            # with the next test's: start afresh next time
-            self.healthy = False
-        if not self.healthy:
-            self.kill()
-        for rank, rep in reports.items():
-            if file_size(self.output_path(rank)) > offsets[rank]:
-                rep.output = _read_from(self.output_path(rank), offsets[rank])
-        self._fill_exit_statuses(reports)
-        fr = state.fr_json if len(state.fr_json) == self.world else None
-        result = judge(reports, self.world, reason, bound, lambda: self._journals(call, fr, state.since_ns),
-                       elapsed=time.monotonic() - state.t0, trace=call.trace)
-        result.fr_json, result.fr_pickle = dict(state.fr_json), dict(state.fr_pickle)
-        return result
-
-    def _settle(self, state: "CallState") -> None:
-        """The call is decided; give ranks that are outside any collective a moment to finish too,
-        so the report says "ranks 1,2 left the test" rather than catching one of them mid-return."""
-        deadline = time.monotonic() + TIMING.settle
-        while state.live and time.monotonic() < deadline:
-            if settled(self._journals(state.call), state.live):
-                return  # everyone still running waits in a collective: nothing more will come
-            timeout = max(0.0, min(TIMING.poll, deadline - time.monotonic()))
-            for obj in _ready(list(state.live.values()), timeout=timeout):
-                self._receive(obj, state)
+        return CallDriver(referee, transport).run(backend=self.backend)
 
     def _receive(self, conn: Connection, state: "CallState") -> None:
         """Take one message from a rank during a call; outcomes and deaths go to the call's referee,
@@ -265,14 +219,10 @@ class RankGroup:
         if silent:
             time.sleep(TIMING.faulthandler_wait)
             for rank in silent:
-                state.stacks[rank] = _read_from(self.stack_path(rank), 0)[-6000:]
+                state.stacks[rank] = read_from(self.stack_path(rank), 0)[-6000:]
 
-    def _journals(self, call: Call, fr_json: dict | None = None, since_ns: int = 0) -> dict:
-        journals = {r: read_journal(journal_path(call, r), r) for r in range(self.world)}
-        if fr_json:
-            dumps = {r: records_from_dump(fr_json.get(r), r, since_ns) for r in journals}
-            journals = merge_flight_recorder(journals, dumps)
-        return journals
+    def _journals(self, call: Call) -> dict:
+        return {r: read_journal(journal_path(call, r), r) for r in range(self.world)}
 
     def _fill_exit_statuses(self, reports: dict) -> None:
         dead = [r for r, rep in reports.items() if rep.state == RankState.DEAD]
@@ -340,15 +290,6 @@ def _free_loopback_port() -> int:
         return s.getsockname()[1]
 
 
-def _read_from(path: str, offset: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read(200_000).decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-
-
 def _tail(path: str, lines: int) -> str:
-    text = _read_from(path, max(0, file_size(path) - 4000)).strip().splitlines()
+    text = read_from(path, max(0, file_size(path) - 4000)).strip().splitlines()
     return " | ".join(text[-lines:])[:300]

@@ -23,6 +23,7 @@ from ..settings import RANK_FIXTURES, MarkerArgs, argnames_of, parse_marker
 from ..torch_gaps import gap_line
 from ..views.report import format_report
 from .gpus import GpuLeaser
+from .group import RankGroup
 from .pool import GroupPool
 
 
@@ -119,11 +120,26 @@ class ForkedMode:
         """Run one call on a group of ``world`` ranks; raise the right DistributedTestFailure on any
         failure, ``pytest.skip`` / ``pytest.xfail`` when every rank did."""
         __tracebackhide__ = True
+        result = self.run_on(self.group(call, world, placement, budget), call, budget)
+        try:
+            return self.judge(call, result, world, placement.backend, item)
+        finally:
+            shutil.rmtree(call.journal_dir, ignore_errors=True)
+
+    def group(self, call: Call, world: int, placement: Placement, budget: Budget,
+              own_group: str | None = None) -> RankGroup:
+        """A started group for ``call`` (``own_group``: see ``GroupPool.get``)."""
         pool = self.get_pool()
         if self.session.test_modules and call.path:
             pool.ensure_zygote().import_modules([(call.module, call.path)])
-        group = pool.get(world, placement, budget.timeout, budget.setup_deadline())
+        group = pool.get(world, placement, budget.timeout, budget.setup_deadline(), own_group)
         self._warn_once_about_spawn(pool)
+        return group
+
+    def run_on(self, group: RankGroup, call: Call, budget: Budget) -> CallResult:
+        """Run ``call`` on ``group``; a group left in doubt is released. The caller judges the result
+        and removes ``call.journal_dir``."""
+        pool = self.get_pool()
         call.journal_dir = pool.new_call_dir()
         call.trace = self.session.settings.trace
         call.sys_path = list(sys.path)
@@ -135,12 +151,9 @@ class ForkedMode:
             # completed) hold c10d state that differs across them: the next call gets a fresh group
             if not group.healthy or (result is not None and not result.clean):
                 pool.release()
-        try:
-            return self._judge(call, result, world, placement.backend, item)
-        finally:
-            shutil.rmtree(call.journal_dir, ignore_errors=True)
+        return result
 
-    def _judge(self, call, result: CallResult, world: int, backend: str, item) -> CallResult:
+    def judge(self, call, result: CallResult, world: int, backend: str, item) -> CallResult:
         __tracebackhide__ = True
         if item is not None:
             item_outcome(item).result = result
@@ -160,9 +173,9 @@ class ForkedMode:
         report = format_report(result.ranks, diag, result.elapsed, result.bound, backend)
         exc_class = exception_class(diag.exception_name)
         if item is not None:
-            record_failure(item, self.session, diag, exc_class.__name__, backend, result, result.fr_pickle)
+            record_failure(item, self.session, diag, exc_class.__name__, result=result)
         elif self.session.settings.trace_dir:
-            write_trace(self.session.settings.trace_dir, call.nodeid, result, diag, backend, result.fr_pickle)
+            write_trace(self.session.settings.trace_dir, call.nodeid, result)
         raise exc_class(diag.headline, diag, report)
 
     def _warn_once_about_spawn(self, pool: GroupPool) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 from typing import Callable
@@ -24,6 +25,7 @@ class GroupPool:
         if workdir_parent is None and os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
             workdir_parent = "/dev/shm"
         self.workdir = tempfile.mkdtemp(prefix="pytest-nccl-", dir=workdir_parent)
+        self._sweeper = _sweeper(self.workdir)
         self.preload = list(preload)
         self.trace = trace
         self.zygote: Zygote | None = None
@@ -64,20 +66,24 @@ class GroupPool:
         if new and self.zygote is not None and self.zygote.proc.poll() is None:
             self.zygote.import_modules(new, wait=False, environ={**os.environ, **self.zygote_env})
 
-    def get(self, world: int, placement, timeout: float, deadline: float) -> RankGroup:
+    def get(self, world: int, placement, timeout: float, deadline: float, own_group: str | None = None) -> RankGroup:
         """A healthy group of this shape: the warm one after a health check, else a fresh one.
         ``placement`` (placement.Placement): the backend, and whether each rank gets a GPU of its
-        own (leased) or sees no CUDA at all."""
+        own (leased), shares the host's GPUs (no lease: gloo asked for by name) or sees no CUDA.
+        ``own_group``: ranks for adopted tests of that class, which create their process group
+        themselves and see the devices this process sees."""
         zygote = self.ensure_zygote()
-        key = (world, placement.backend, placement.gpus, timeout)
+        key = (world, placement.backend, placement.gpus, placement.shared_gpus, timeout, own_group)
         if self.group is not None:
             if self.group.key == key and self.group.healthy:
                 if self.group.health_check():
                     return self.group
             self.release()
         gpu_ids = None
-        rank_env = {}
-        if placement.gpus:
+        rank_env: dict = {}
+        if own_group is not None:
+            pass  # as torch's harness starts them: the test picks its backend and devices
+        elif placement.gpus:
             assert self.gpu_leaser is not None, "a pool made without a GPU leaser runs CPU groups only"
             if callable(self.gpu_leaser):
                 self.gpu_leaser = self.gpu_leaser()  # made when a group first needs GPUs
@@ -86,9 +92,11 @@ class GroupPool:
             except TimeoutError as exc:
                 raise RankSetupError(str(exc)) from None
             gpu_ids = self.lease.ids
-        else:
+        elif not placement.shared_gpus:
             rank_env["CUDA_VISIBLE_DEVICES"] = ""  # gloo without a GPU per rank: the CPU path
-        self.group = RankGroup(zygote, world, placement.backend, timeout, self.workdir, gpu_ids, rank_env)
+        self.group = RankGroup(zygote, world, placement.backend, timeout, self.workdir, gpu_ids, rank_env,
+                               None if own_group is not None else placement.device_of,
+                               own_group=own_group is not None)
         self.group.key = key
         started = time.monotonic()
         try:
@@ -121,3 +129,21 @@ class GroupPool:
             self.zygote.close()
             self.zygote = None
         shutil.rmtree(self.workdir, ignore_errors=True)
+        if self._sweeper is not None and self._sweeper.stdin is not None:
+            self._sweeper.stdin.close()  # it removes nothing now, and exits
+            self._sweeper.wait()
+            self._sweeper = None
+
+
+def _sweeper(workdir: str) -> subprocess.Popen | None:
+    """A shell that removes ``workdir`` once this process is gone, however it ends: pytest killed by
+    SIGKILL runs no cleanup, and the fork server and the ranks die with it (PR_SET_PDEATHSIG), so
+    nothing else would remove the journals from /dev/shm. It waits for the end of its stdin, a pipe
+    only this process holds (not inherited: Python's pipes are close-on-exec). A clean environment:
+    it is no process of the session's."""
+    try:
+        return subprocess.Popen(["sh", "-c", 'cat >/dev/null; rm -rf -- "$0"', workdir], stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    except OSError:
+        return None

@@ -31,7 +31,7 @@ from ..core.agreement import Digest
 from ..core.messages import Call, CallDone, CallKind, Dump, DumpRequest, Hello, Joined, RankSpec, RunCall, SetupFailed
 from ..core.reports import RankReport
 from ..core.states import Backend, RankState
-from . import tracer
+from . import adopted, tracer
 from .stacks import describe_exception, exit_like_os_exit, format_exception, format_stacks
 
 _send_lock = threading.Lock()
@@ -105,7 +105,7 @@ def resolve(call: Call):
 
 def _format_exception(exc: BaseException) -> str:
     """The user's and torch's frames: not run_call's, nor the tracer's wrappers."""
-    return format_exception(exc, drop=(__file__,))
+    return format_exception(exc, drop=(__file__, adopted.__file__))
 
 
 def _rank_fixtures(names, rank: int) -> dict:
@@ -125,7 +125,10 @@ def run_call(call: Call, rank: int) -> RankReport:
     import torch.distributed as dist
     start = time.perf_counter()
     try:
-        fn = resolve(call)
+        if call.adopted is not None:  # a test of torch's harness classes: the class's own rank entry
+            fn = adopted.entry(load_module(call.module, call.path), call.adopted, rank)
+        else:
+            fn = resolve(call)
         args, kwargs = pickle.loads(call.payload) if call.payload else ((), {})
         kwargs.update(_rank_fixtures(call.rank_args, rank))
     except BaseException as exc:
@@ -134,7 +137,7 @@ def run_call(call: Call, rank: int) -> RankReport:
                           message=f"cannot load {call.module}.{call.qualname} in rank {rank}: "
                                   f"{type(exc).__name__}: {exc}")
     if call.trace:
-        tracer.start(os.path.join(call.journal_dir, f"journal-{rank}.txt"))
+        tracer.start(os.path.join(call.journal_dir, f"journal-{rank}.txt"), raise_leaves=call.adopted is not None)
     status, value, exc_type, exc_text, message = RankState.PASSED, None, "", "", ""
     try:
         value = fn(*args, **kwargs)
@@ -168,6 +171,34 @@ def set_environment(spec: RankSpec) -> None:
     os.environ.update(spec.env)
 
 
+def _share_gpu(torch, device: int) -> None:
+    """Make ``cuda:device`` this rank's current device when CUDA first initializes, not now: a rank
+    that never touches CUDA pays nothing (``_lazy_call`` queues it as ``manual_seed`` does)."""
+    lazy_call = getattr(torch.cuda, "_lazy_call", None)
+    if lazy_call is not None:
+        lazy_call(lambda: torch.cuda.set_device(device))
+    else:  # a torch without the queue: at once
+        torch.cuda.set_device(device)
+
+
+def _join_group(spec: RankSpec, conn: Connection) -> None:
+    """The process group every marked test runs in; a rank that cannot join says why and exits."""
+    import torch
+    import torch.distributed as dist
+    try:
+        timeout = datetime.timedelta(seconds=spec.pg_timeout)
+        store = dist.FileStore(spec.store_path, spec.world)
+        kwargs: dict[str, Any] = {}
+        if spec.backend == Backend.NCCL:
+            torch.cuda.set_device(spec.local_rank)
+            kwargs["device_id"] = torch.device("cuda", spec.local_rank)
+        dist.init_process_group(spec.backend, store=store, rank=spec.rank, world_size=spec.world,
+                                timeout=timeout, **kwargs)
+    except BaseException as exc:
+        _send(conn, SetupFailed(spec.rank, f"{type(exc).__name__}: {exc}"))
+        os._exit(71)
+
+
 def main(spec: RankSpec, prepare=None) -> None:
     """Entry point in the forked (or spawned) child. Never returns. ``prepare``: what a spawned rank
     imports before joining (a forked one has it from the fork server)."""
@@ -194,20 +225,11 @@ def main(spec: RankSpec, prepare=None) -> None:
     conn = Connection(sock.detach())
     _send(conn, Hello(rank, os.getpid()))
 
-    import torch
-    import torch.distributed as dist
-    try:
-        timeout = datetime.timedelta(seconds=spec.pg_timeout)
-        store = dist.FileStore(spec.store_path, spec.world)
-        kwargs: dict[str, Any] = {}
-        if spec.backend == Backend.NCCL:
-            torch.cuda.set_device(spec.local_rank)
-            kwargs["device_id"] = torch.device("cuda", spec.local_rank)
-        dist.init_process_group(spec.backend, store=store, rank=rank, world_size=spec.world,
-                                timeout=timeout, **kwargs)
-    except BaseException as exc:
-        _send(conn, SetupFailed(rank, f"{type(exc).__name__}: {exc}"))
-        os._exit(71)
+    if spec.cuda_device is not None:
+        import torch
+        _share_gpu(torch, spec.cuda_device)
+    if not spec.own_group:  # an adopted test's rank: the test creates its process group itself
+        _join_group(spec, conn)
     _send(conn, Joined(rank))
 
     calls: queue.Queue = queue.Queue()

@@ -54,12 +54,14 @@ class CallTrace:
 
     __slots__ = ("writer", "fd", "t0", "t0_ns", "default_pg", "by_id", "by_name", "by_label", "async_pending",
                  "functional", "outside", "side_count", "site_frame", "site_back", "site_lasti", "site_text", "sites",
-                 "pending", "flushed")
+                 "pending", "flushed", "raise_leaves")
 
     def __init__(self, journal_path: str):
         self.writer = JournalWriter(journal_path)
         self.fd = self.writer.fd  # the hot paths write lines themselves (journal.py documents the format)
-        self.default_pg = c10d._get_default_group()
+        # an adopted test creates its default group inside the call: None until then (group=None and
+        # GroupMember.WORLD name it "default" either way)
+        self.default_pg = c10d._get_default_group() if dist.is_initialized() else None
         self.t0 = perf_counter()
         self.t0_ns = perf_counter_ns()
         default = GroupTrace("default", "", self.default_pg)
@@ -80,6 +82,7 @@ class CallTrace:
         # is not).
         self.pending: bytes | None = None
         self.flushed: bytes | None = None
+        self.raise_leaves = False  # a collective that raised is journaled as completed (tracer.start)
 
 
 active: CallTrace | None = None

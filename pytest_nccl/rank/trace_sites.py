@@ -44,7 +44,16 @@ _codes: list = []
 _site_text: dict = {}           # (id(code), instruction offset, ...) of the chain -> "file:line <- file:line"
 
 
+# torch's own distributed test suites (distributed_test.py, common_fsdp.py, common_dtensor.py) are
+# test code, the user's for a call site; the harness that runs them (common_distributed.py) and
+# unittest's TestCase (common_utils.py) are not
+_TORCH_TESTS_DIR = os.path.join(_TORCH_DIR, "testing", "_internal") + os.sep
+_TORCH_TEST_HARNESS = tuple(_TORCH_TESTS_DIR + name for name in ("common_distributed.py", "common_utils.py"))
+
+
 def is_internal_file(filename: str) -> bool:
+    if filename.startswith(_TORCH_TESTS_DIR) and not filename.startswith(_TORCH_TEST_HARNESS):
+        return False
     return (filename.startswith(_TORCH_DIR) or is_ours(filename) or filename.startswith("<")
             or any(m in filename for m in _SHIM_MARKERS)
             or (filename.startswith(_STDLIB_DIR) and "-packages" + os.sep not in filename))

@@ -44,6 +44,8 @@ def {name}({params}):
     if trace is None or local.inside:
         return fn({call})
     group = {group}
+    if group is non_member:  # this rank is not in the group: c10d returns at once, nothing to journal
+        return fn({call})
     g = trace.by_id.get(id(group))
     if g is None:
         g = core.group_trace(trace, group)
@@ -96,6 +98,10 @@ def {name}({params}):
     local.inside = True
     try:
         result = fn({call})
+    except BaseException:
+        if trace.raise_leaves:  # the rank is out of it: a test that expects the error goes on
+            write(trace.fd, c_line % (c_start, seq, perf_counter_ns() - trace.t0_ns))
+        raise
     finally:
         local.inside = False
     if async_op_ and result is not None:
@@ -119,6 +125,10 @@ def _pend(trace, result, label: str, seq: int, args: tuple) -> None:
             trace.async_pending[id(work)] = (work, label, seq, i if len(result) == count > 1 else -1)
     else:
         trace.async_pending[id(result)] = (result, label, seq, -1)
+
+
+# what new_group returns on a rank outside the group; c10d functions given it return at once
+_NON_MEMBER = getattr(c10d.GroupMember, "NON_GROUP_MEMBER", object())
 
 
 def _wrap(name: str, fn):
@@ -167,7 +177,8 @@ def _wrap(name: str, fn):
         return core.call_fields(g, name, shapes, dtype, extra, agreed=not p2p and not split)
 
     namespace = {
-        "core": core, "local": local, "fn": fn, "Tensor": torch.Tensor, "memo": {}, "keyed": keyed is not None,
+        "core": core, "local": local, "fn": fn, "non_member": _NON_MEMBER, "Tensor": torch.Tensor, "memo": {},
+        "keyed": keyed is not None,
         "describe_call": describe_call, "p2p": p2p, "crc32": zlib.crc32, "perf_counter_ns": perf_counter_ns,
         "site_of": trace_sites.site_of, "getframe": sys._getframe, "E_LINE": E_LINE, "E_LINE_NO_FR": E_LINE_NO_FR,
         "mid_sync": f"\t{name}\t0\t".encode(), "mid_async": f"\t{name}\t1\t".encode(), "write": os.write,
@@ -229,12 +240,15 @@ def install() -> None:
     _installed = True
 
 
-def start(journal_path: str) -> None:
+def start(journal_path: str, raise_leaves: bool = False) -> None:
     """A fresh journal for one call. Frames from the caller down (the rank loop) are the harness:
-    call sites stop there."""
+    call sites stop there. ``raise_leaves``: a collective that raised is journaled as left (an
+    adopted test of torch's suites catches the errors it provokes, as a monitored_barrier's timeout,
+    and goes on); otherwise it stays entered, where the rank raised."""
     trace_sites.mark_boundary(sys._getframe(1).f_code)
     core.start_flusher()
     core.active = core.CallTrace(journal_path)
+    core.active.raise_leaves = raise_leaves
 
 
 def stop() -> tuple[dict[str, tuple], int]:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pickle
 import time
 
+from ..core.call import CallDriver, Dumps
 from ..core.journal import parse_journal
-from ..core.judge import judge
 from ..core.messages import Verdict
 from ..core.referee import TIMING, Referee
-from ..core.reports import RankReport
+from ..core.reports import CallOutcome, RankReport
 from ..core.sites import stack_top
 from ..core.states import RankState, Reason
 from ..rank.stacks import harness_sites_stripped
@@ -29,57 +29,61 @@ class Decider:
     def __init__(self, test):
         self.test = test
         self.store, self.keys, self.world = test.group.dstore, test.keys, test.world
-        self.reports: dict[int, RankReport] = {}    # ranks that published their report
+        self.published: dict[int, RankReport] = {}    # ranks that published their report
+        self.snaps: dict[int, RankReport] = {}      # snapshots of the ranks still in the test once decided
+        self.stuck: list[int] = []                  # ranks that could not be released after the bound
+        self.referee: Referee | None = None
+        self._sleeps = naps()
         self._journal_cache: dict = {}
 
-    def watch(self) -> Reason:
-        """Feed the referee until it decides."""
-        referee = Referee(self.world, self.test.bound, time.monotonic(), trace=self.test.trace)
-        sleeps = naps()
-        while True:
-            self._take_reports(referee)
-            reason = referee.step(time.monotonic(), self)
-            if reason is not None:
-                return reason
-            time.sleep(min(next(sleeps), max(0.0, referee.wake_at() - time.monotonic())))
-
-    def _take_reports(self, referee: Referee | None = None) -> None:
-        for r in range(self.world):
-            if r not in self.reports and self.store.check([self.keys.outcome(r)]):
-                report = self.reports[r] = pickle.loads(self.store.get(self.keys.outcome(r)))
-                if referee is not None:
-                    referee.finished(r, report.state.judged, time.monotonic())
-
     def decide(self) -> None:
-        t0 = time.monotonic()
-        reason = self.watch()
+        """Run the call's driver (``core.call``) on the store, then publish the verdict."""
+        self.referee = Referee(self.world, self.test.bound, time.monotonic(), trace=self.test.trace)
+        self._sleeps = naps()
+        outcome = CallDriver(self.referee, self).run(backend=self.test.group.backend)
+        self._conclude(outcome)
+
+    def _take_reports(self) -> None:
+        for r in range(self.world):
+            if r not in self.published and self.store.check([self.keys.outcome(r)]):
+                report = self.published[r] = pickle.loads(self.store.get(self.keys.outcome(r)))
+                if self.referee is not None:
+                    self.referee.finished(r, report.state.judged, time.monotonic())
+
+    # -- the driver's transport: news, snapshots, release --------------------------------------------------
+    def receive(self, until: float) -> None:
+        time.sleep(min(next(self._sleeps), max(0.0, until - time.monotonic())))
+        self._take_reports()
+
+    def dumps(self, reason: Reason, live: list[int]) -> Dumps:
+        """Every rank still in the test publishes a snapshot of itself (its watchdog sees the decision)."""
         store, keys = self.store, self.keys
-        live = [r for r in range(self.world) if r not in self.reports]
-        snaps: dict[int, RankReport] = {}
-        stuck: list[int] = []
-        if live:
-            store.set(keys.decision, reason.value)
-            waiting = set(live)
+        store.set(keys.decision, reason.value)
+        waiting = set(live)
 
-            def snapshots_in() -> bool:
-                for r in sorted(waiting):
-                    if store.check([keys.snapshot(r)]):
-                        raw = store.get(keys.snapshot(r))
-                        if raw != b"-":
-                            snaps[r] = pickle.loads(raw)
-                        waiting.discard(r)
-                return not waiting
+        def snapshots_in() -> bool:
+            for r in sorted(waiting):
+                if store.check([keys.snapshot(r)]):
+                    raw = store.get(keys.snapshot(r))
+                    if raw != b"-":
+                        self.snaps[r] = pickle.loads(raw)
+                    waiting.discard(r)
+            return not waiting
 
-            poll(snapshots_in, time.monotonic() + TIMING.snapshot_wait)
-            store.set(keys.abort, "1")
+        poll(snapshots_in, time.monotonic() + TIMING.snapshot_wait)
+        return Dumps(stacks={r: snap.stack for r, snap in self.snaps.items()}, reports=dict(self.snaps))
 
-            def released() -> bool:
-                self._take_reports()
-                return all(r in self.reports for r in live)
+    def release(self, live: list[int]) -> None:
+        """Abort the test on the ranks still in it; those that cannot leave it within TIMING.release_wait are
+        stuck (outside Python): the session stops."""
+        self.store.set(self.keys.abort, "1")
 
-            poll(released, time.monotonic() + TIMING.release_wait)
-            stuck = [r for r in live if r not in self.reports]
-        self._conclude(snaps, stuck, reason, time.monotonic() - t0)
+        def released() -> bool:
+            self._take_reports()
+            return all(r in self.published for r in live)
+
+        poll(released, time.monotonic() + TIMING.release_wait)
+        self.stuck = [r for r in live if r not in self.published]
 
     # -- the referee's CallView: the journals the watchdogs pushed ----------------------------------------
     def journals(self) -> dict:
@@ -89,8 +93,8 @@ class Decider:
         for r in range(self.world):
             length = self._journal_length(r)
             if cache.get(r, (None,))[0] != length:
-                if r in self.reports:
-                    text = self.reports[r].journal
+                if r in self.published:
+                    text = self.published[r].journal
                 elif length:
                     text = self.store.get(self.keys.journal(r)).decode("utf-8", "replace")
                 else:
@@ -100,8 +104,8 @@ class Decider:
         return result
 
     def _journal_length(self, r: int) -> int:
-        if r in self.reports:
-            return len(self.reports[r].journal) + 1
+        if r in self.published:
+            return len(self.published[r].journal) + 1
         key = self.keys.journal_length(r)
         return int(self.store.get(key)) if self.store.check([key]) else 0
 
@@ -112,12 +116,16 @@ class Decider:
         return None  # not collected in SPMD mode
 
     # -- the verdict --------------------------------------------------------------------------------------
-    def _final_reports(self, snaps: dict, stuck: list) -> dict[int, RankReport]:
+    def final_journals(self, reports: dict[int, RankReport], dumps: Dumps) -> dict:
+        return {r: records(rep.journal, r) for r, rep in reports.items()}
+
+    def reports(self, reason: Reason, running: dict[int, RankReport]) -> dict[int, RankReport]:
         """Every rank's report: a snapshot of a rank that was still in the test, else what it
         published, else where the store says it is (never started the test, or running)."""
+        snaps, stuck = self.snaps, self.stuck
         out: dict[int, RankReport] = {}
         for r in range(self.world):
-            published, snap = self.reports.get(r), snaps.get(r)
+            published, snap = self.published.get(r), snaps.get(r)
             if snap is not None:
                 report = snap
             elif published is not None:
@@ -137,20 +145,16 @@ class Decider:
             out[r] = report
         return out
 
-    def _conclude(self, snaps: dict, stuck: list, reason: Reason, elapsed: float) -> None:
-        test = self.test
-        reports = self._final_reports(snaps, stuck)
-        result = judge(reports, self.world, reason, test.bound,
-                       lambda: {r: records(rep.journal, r) for r, rep in reports.items()},
-                       elapsed=elapsed, trace=test.trace)
+    def _conclude(self, result: CallOutcome) -> None:
+        test, stuck = self.test, self.stuck
         test.result = result
-        recreate = any(not rep.initialized for rep in self.reports.values())
+        recreate = any(not rep.initialized for rep in self.published.values())
         diag = result.diagnosis
         if diag is None:
-            decided = Verdict(result.ranks[0].status, message=result.ranks[0].message, recreate=recreate)
+            decided = Verdict(result.views[0].status, message=result.views[0].message, recreate=recreate)
         else:
-            views = result.ranks
-            test.report = format_report(views, diag, elapsed, test.bound, test.group.backend)
+            views = result.views
+            test.report = format_report(views, diag, result.elapsed, test.bound, test.group.backend)
             stop = None
             if stuck:
                 where = "; ".join(f"rank {r} at {stack_top(views[r].stack) or 'unknown'}" for r in stuck)

@@ -69,15 +69,23 @@ def naps(limit: float = TIMING.store_poll_max):
         interval = min(limit, interval * 2)
 
 
+STORE_TRIES = 3   # store errors in a row that end a wait: one is a hiccup of a loaded host, not a verdict
+
+
 def poll(ready, until: float) -> bool:
     """Call ``ready()`` at growing intervals until it is true (True) or ``until`` passes (False). A
-    store error (its host left) ends the wait as False."""
+    store error is retried (a client's socket timed out or was reset on a loaded host); ``STORE_TRIES``
+    in a row (its host left) end the wait as False."""
+    errors = 0
     for nap in naps():
         try:
             if ready():
                 return True
+            errors = 0
         except Exception:
-            return False
+            errors += 1
+            if errors >= STORE_TRIES:
+                return False
         left = until - time.monotonic()
         if left <= 0:
             return False

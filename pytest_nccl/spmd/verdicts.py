@@ -14,7 +14,7 @@ from ..views.report import NcclLongRepr
 
 def _record(sp, item, run, decided: Verdict) -> None:
     """Rank 0: headline for the JUnit XML, the gate report and --nccl-trace-dir."""
-    record_failure(item, sp.nccl, run.result.diagnosis, decided.exception, sp.backend, run.result, on_error=sp.say)
+    record_failure(item, sp.nccl, run.result.diagnosis, decided.exception, result=run.result, on_error=sp.say)
 
 
 def _has_report(sp, run) -> bool:
@@ -46,7 +46,7 @@ def apply_verdict(sp, item, run, decided: Verdict, raise_failure) -> bool:
         raise exc_class(run.result.diagnosis.headline, run.result.diagnosis, run.report)
     diag = Diagnosis(decided.kind or Kind.SETUP, decided.headline)
     if sp.rank == 0:
-        record_failure(item, sp.nccl, diag, exc_class.__name__, sp.backend)
+        record_failure(item, sp.nccl, diag, exc_class.__name__)
     raise exc_class(decided.headline, diag, "")
 
 

@@ -1,6 +1,6 @@
 """Controller side: turn a call's records and diagnosis into what a person reads.
 
-- ``format_report``: headline, the per-rank collective table (matching prefix folded, the
+- ``report_text`` / ``format_report``: headline, the per-rank collective table (matching prefix folded, the
   diverging row marked), where each rank is now, tracebacks (identical ones once), stacks.
 - ``trace_json``: the machine-readable trace written by ``--nccl-trace-dir``.
 - ``NcclLongRepr``: the failure report pytest shows, headline first.
@@ -13,9 +13,10 @@ import os
 from types import SimpleNamespace
 
 from ..core.diagnosis import Diagnosis
-from ..core.diagnosis.wording import where
+from ..core.diagnosis.wording import TEST, Words, where
 from ..core.groups import rank_ranges
 from ..core.records import CollectiveRecord, RankView
+from ..core.reports import CallOutcome
 from ..core.sites import short_path, short_site
 from ..core.states import RankState
 
@@ -70,20 +71,22 @@ def format_table(ranks: list[RankView], diagnosis: Diagnosis | None, width: int 
         per_rank = [v.records_in(pg) for v in ranks]
         n = max(len(p) for p in per_rank)
         mark_seq = diagnosis.seq if diagnosis is not None and diagnosis.pg == pg else None
+        before = next((p[0].before for p in per_rank if p), 0)  # a long job's window: the ranks' own numbers
         lines.append(f"group {pg}:")
         lines.append(header)
         first_shown = 0
         if mark_seq is not None and mark_seq - 1 - CONTEXT_ROWS > 0:
             first_shown = mark_seq - 1 - CONTEXT_ROWS
-            lines.append(f"  ... {first_shown} matching collective{'s' if first_shown != 1 else ''} folded")
+            folded = first_shown + before
+            lines.append(f"  ... {folded} matching collective{'s' if folded != 1 else ''} folded")
         elif mark_seq is None and n > 12:
             first_shown = n - 8
-            lines.append(f"  ... {first_shown} collectives folded")
+            lines.append(f"  ... {first_shown + before} collectives folded")
         last = n if mark_seq is None else min(n, mark_seq + 3)
         for i in range(first_shown, last):
             marker = ">>" if mark_seq == i + 1 else "  "
             cells = " ".join(_cell(p[i] if i < len(p) else None, col) for p in per_rank)
-            lines.append(f"{marker}{('#' + str(i + 1)).rjust(label_w)} {cells}".rstrip())
+            lines.append(f"{marker}{('#' + str(i + 1 + before)).rjust(label_w)} {cells}".rstrip())
         if last < n:
             lines.append(f"  ... {n - last} more")
     if from_cpp:
@@ -95,7 +98,8 @@ def format_divergence(diagnosis: Diagnosis) -> str:
     div = diagnosis.divergence
     if div is None:
         return ""
-    lines = [f"at collective #{div.seq} of group {div.pg}:"]
+    first = next(iter(div.records.values()), None)
+    lines = [f"at collective #{first.number if first is not None else div.seq} of group {div.pg}:"]
     for r, rec in sorted(div.records.items()):
         args = "".join(f" {text}" for text, shown in ((f"op={rec.reduce_op}", rec.reduce_op),
                                                       (rec.root_text, rec.root is not None),
@@ -118,11 +122,12 @@ def _folded(texts: dict[int, str]) -> list[tuple[str, str]]:
     return [(f"rank{'s' if len(rs) > 1 else ''} {rank_ranges(rs)}", text) for text, rs in by_text.items()]
 
 
-def format_positions(ranks: list[RankView]) -> str:
-    """Where each rank is, ranks in the same place on one line."""
+def format_positions(ranks: list[RankView], words: Words = TEST, counts: dict | None = None) -> str:
+    """Where each rank is, ranks in the same place on one line. ``counts``: rank -> {group:
+    collectives entered}, where a long job's window holds fewer records than the rank issued."""
     texts = {}
     for v in ranks:
-        n = len(v.records)
+        n = sum(counts[v.rank].values()) if counts and v.rank in counts else len(v.records)
         if v.status == RankState.DEAD:
             place = v.exit_description
         elif v.status == RankState.RUNNING:
@@ -131,25 +136,35 @@ def format_positions(ranks: list[RankView]) -> str:
                 place = "running, outside any collective"
             else:
                 place = f"inside {where(cur)} ({cur.state})"
+        elif v.status == RankState.PASSED and not v.message:
+            place = words.passed
+        elif v.status == RankState.FAILED and v.message:
+            place = words.raised + v.message
         else:
             place = v.status + (f": {v.message}" if v.message else "")
         texts[v.rank] = f"{place} [{n} collective{'s' if n != 1 else ''}]"
     return "\n".join(f"  {who}: {text}" for who, text in _folded(texts))
 
 
+def report_text(outcome: CallOutcome, words: Words = TEST) -> str:
+    """The report of a call, in a test's words or a job's."""
+    return format_report(outcome.views, outcome.diagnosis, outcome.elapsed, outcome.bound, outcome.backend,
+                         words, outcome.counts)
+
+
 def format_report(ranks: list[RankView], diagnosis: Diagnosis | None, elapsed: float, bound: float,
-                  backend: str = "") -> str:
+                  backend: str = "", words: Words = TEST, counts: dict | None = None) -> str:
     parts = []
     if diagnosis is not None:
         parts.append(diagnosis.headline)
     parts.append(f"\n-- collective trace ({backend + ', ' if backend else ''}{len(ranks)} ranks, "
-                 f"{elapsed:.2f} s of a {bound:g} s bound) --")
+                 f"{words.span(elapsed, bound)}) --")
     parts.append(format_table(ranks, diagnosis))
     if diagnosis is not None and diagnosis.divergence is not None:
         parts.append("")
         parts.append(format_divergence(diagnosis))
     parts.append("\n-- where each rank is --")
-    parts.append(format_positions(ranks))
+    parts.append(format_positions(ranks, words, counts))
     # identical tracebacks once, naming the ranks
     tracebacks: dict[str, list[int]] = {}
     for v in ranks:

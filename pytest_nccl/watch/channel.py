@@ -19,12 +19,17 @@ theirs, under ``pytest-nccl-watch/<job>/``:
     watches                how many watches follow the job (each adds one when it joins)
     synced                 how many of them have published what their ranks wrote before they
                            joined (a watch that decides waits for the others to be in sync)
+    flush                  how many times a deciding watch asked the others to publish what their
+                           ranks wrote up to now; flushed/<n>: how many did, for request n
     verdict                the deciding watch's finding (pickled), the same on every node
     verdict-taken          how many other watches have it (the deciding watch's store lives on
                            the launcher of its node: it ends that job once every watch has it)
 
-A store error (the launcher's store went away with its node) makes the channel lost: every call then
-answers "nothing" and the watch goes on with what it sees itself.
+A store error is first taken for a hiccup (a loaded host: a client's socket timed out or was reset):
+the call is retried on a fresh client, ``ATTEMPTS`` times. Only when that fails too is the channel
+lost (the deciding watch, which hosts the store, ended): every call then answers "nothing", and the
+watch goes on with what it sees itself; the other nodes' ranks it could no longer follow are unseen
+(``RankState.UNSEEN``), never evidence about the job (``Monitor``).
 """
 
 from __future__ import annotations
@@ -42,15 +47,22 @@ from ..core.reports import RankReport
 
 PREFIX = "pytest-nccl-watch"
 KEEP_CHUNKS = 64        # journal chunks kept per rank: about 3 s of journal at one chunk per tick
+ATTEMPTS = 4            # tries of one store call, each on a fresh client after the first failure
+# how long a watch waits for the channel to come up (its own import of torch, the other watches' and
+# the announcement in the job's store): seconds on an idle host, tens of seconds on a loaded one
+CONNECT_WAIT = 30.0
 
 
 class Channel:
     """The keys of one job in a store (anything with torch's Store methods: set, get, check, add,
-    delete_key)."""
+    delete_key). ``reopen``: a fresh client of the same store (None when it cannot be had), to retry
+    a call that failed on this one."""
 
-    def __init__(self, store, job: str):
+    def __init__(self, store, job: str, reopen: Callable[[], object] | None = None):
         self.store, self.prefix = store, f"{PREFIX}/{job}/"
+        self.reopen = reopen
         self.lost = False
+        self.errors = 0       # store calls that failed and were retried (PYTEST_NCCL_WATCH_DEBUG says each)
         self._lock = threading.Lock()   # one client: the monitor's thread and the relay's share it
         self._chunks: dict[int, int] = {}   # rank -> chunks published by this watch
         self._answered: dict[int, set] = {}  # rank -> numbers of the questions this watch answered
@@ -59,26 +71,37 @@ class Channel:
         return self.prefix + "/".join(str(p) for p in parts)
 
     def _call(self, fn, *args, default=None):
+        """``fn(*args)`` on the store; ``fn`` takes the store first (a fresh client may replace it)."""
         if self.lost:
             return default
-        try:
-            with self._lock:
-                return fn(*args)
-        except Exception:  # the store went away (its node ended): on with what this watch sees
-            self.lost = True
+        with self._lock:
+            for attempt in range(ATTEMPTS):
+                try:
+                    return fn(self.store, *args)
+                except Exception as exc:  # a hiccup, or the store went away (its node ended)
+                    self.errors += 1
+                    _debug(f"channel: {getattr(fn, '__name__', fn)}: {type(exc).__name__}: {exc} "
+                           f"(try {attempt + 1} of {ATTEMPTS})")
+                    if attempt + 1 < ATTEMPTS:
+                        time.sleep(TIMING.ask_poll * (attempt + 1))
+                        fresh = self.reopen() if self.reopen is not None else None
+                        if fresh is not None:
+                            self.store = fresh
+            self.lost = True  # on with what this watch sees
+            _debug("channel: lost")
             return default
 
     def _get(self, key: str) -> bytes | None:
-        def get():
-            return self.store.get(key) if self.store.check([key]) else None
+        def get(store):
+            return store.get(key) if store.check([key]) else None
         return self._call(get)
 
     def _set(self, key: str, value: bytes | str) -> None:
-        self._call(self.store.set, key, value)
+        self._call(_set, key, value)
 
     def _add(self, name: str, n: int) -> int:
         """The counter ``name`` of the job, raised by ``n`` (0: read)."""
-        return self._call(self.store.add, self._k(name), n, default=0)
+        return self._call(_add, self._k(name), n, default=0)
 
     # -- ranks --------------------------------------------------------------------------------------
     def publish_info(self, rank: int, info: dict) -> None:
@@ -94,24 +117,25 @@ class Channel:
             return
         i = self._chunks.get(rank, 0)
 
-        def push():
-            self.store.set(self._k("journal", rank, i), data)
-            self.store.add(self._k("journal", rank, "count"), 1)
+        def push(store):
+            if not store.check([self._k("journal", rank, i)]):  # a retry after the set went through
+                store.set(self._k("journal", rank, i), data)
+                store.add(self._k("journal", rank, "count"), 1)
             if i >= KEEP_CHUNKS:
-                self.store.delete_key(self._k("journal", rank, i - KEEP_CHUNKS))
+                store.delete_key(self._k("journal", rank, i - KEEP_CHUNKS))
         self._call(push)
         self._chunks[rank] = i + 1
 
     def pull(self, rank: int, after: int) -> tuple[int, bytes]:
         """(chunks published so far, the bytes of those after the first ``after``). Chunks dropped
         before this watch read them (it fell ``KEEP_CHUNKS`` behind) are skipped."""
-        def pull():
-            count = self.store.add(self._k("journal", rank, "count"), 0)
+        def pull(store):
+            count = store.add(self._k("journal", rank, "count"), 0)
             out = b""
             for i in range(max(after, count - KEEP_CHUNKS), count):
                 key = self._k("journal", rank, i)
-                if self.store.check([key]):
-                    out += self.store.get(key)
+                if store.check([key]):
+                    out += store.get(key)
             return count, out
         return self._call(pull, default=(after, b""))
 
@@ -135,7 +159,7 @@ class Channel:
     # -- questions for a rank's agent, relayed by the watch that owns the rank ----------------------------
     def ask(self, rank: int, request: str, timeout: float) -> dict | None:
         """The rank's agent's answer to ``request`` ("dump", "fr", "status"), through its node's watch."""
-        n = self._call(self.store.add, self._k("ask", rank, "count"), 1)
+        n = self._call(_add, self._k("ask", rank, "count"), 1)
         if n is None:
             return None
         self._set(self._k("ask", rank, n - 1), request)
@@ -149,14 +173,14 @@ class Channel:
 
     def questions(self, rank: int) -> list[tuple[int, str]]:
         """Questions for ``rank`` not answered yet by this watch: (number, request)."""
-        def questions():
-            count = self.store.add(self._k("ask", rank, "count"), 0)
+        def questions(store):
+            count = store.add(self._k("ask", rank, "count"), 0)
             answered = self._answered.get(rank, set())
             out = []
             for i in range(max(0, count - 16), count):  # the latest questions: older ones timed out
                 key = self._k("ask", rank, i)
-                if i not in answered and self.store.check([key]):
-                    out.append((i, self.store.get(key).decode()))
+                if i not in answered and store.check([key]):
+                    out.append((i, store.get(key).decode()))
             return out
         return self._call(questions, default=[])
 
@@ -179,6 +203,19 @@ class Channel:
     def synced_watches(self) -> int:
         return self._add("synced", 0)
 
+    def request_flush(self) -> int:
+        """Ask every other watch to publish what its ranks wrote up to now; the request's number."""
+        return self._add("flush", 1)
+
+    def flush_requests(self) -> int:
+        return self._add("flush", 0)
+
+    def flushed(self, number: int) -> None:
+        self._add(f"flushed/{number}", 1)
+
+    def flushed_watches(self, number: int) -> int:
+        return self._add(f"flushed/{number}", 0)
+
     def acknowledge(self) -> None:
         """This watch has the verdict: the deciding watch may exit, and the channel with it."""
         self._add("verdict-taken", 1)
@@ -195,6 +232,20 @@ class Channel:
             return pickle.loads(raw) if raw else None
         except Exception:
             return None
+
+
+def _set(store, key: str, value) -> None:
+    store.set(key, value)
+
+
+def _add(store, key: str, n: int) -> int:
+    return store.add(key, n)
+
+
+def _debug(text: str) -> None:
+    if os.environ.get("PYTEST_NCCL_WATCH_DEBUG"):
+        import sys
+        sys.stderr.write(f"[watch {time.time():.3f}] {text}\n")
 
 
 def _decoded(raw: bytes | None):
@@ -229,7 +280,7 @@ def _store(host: str, port: int, timeout: float, server: bool = False):
 
 
 def connect(info: dict, decides: Callable[[], bool], timeout: float = 5.0,
-            wait: float = TIMING.agree_wait * 2) -> Channel | None:
+            wait: float = CONNECT_WAIT) -> Channel | None:
     """The channel between the watches of the job a rank belongs to (``info``: its rank-R.json).
 
     The watch of rank 0's node (``decides()``) hosts it: a store of its own, which outlives the job's
@@ -240,25 +291,32 @@ def connect(info: dict, decides: Callable[[], bool], timeout: float = 5.0,
     host, port = info.get("master_addr"), info.get("master_port")
     if not host or not port:
         return None
-    job_store = _store(str(host), int(port), timeout)
-    if job_store is None:
-        return None
     job = f"{info.get('run_id') or 'job'}/{info.get('attempt') or 0}"
     key = f"{PREFIX}/{job}/channel"
     deadline = time.monotonic() + wait
+    job_store, server = None, None
     while time.monotonic() < deadline:
+        # every failure here is retried until ``wait`` passes: on a loaded host a client's connection
+        # times out or is reset now and then; a job's store that went away fails each time
         try:
-            if decides():
-                server = _store(socket.gethostname(), 0, timeout, server=True)
-                if server is None:
-                    return None
-                job_store.set(key, f"{socket.gethostname()}:{server.port}")
-                return Channel(server, job)
-            if job_store.check([key]):
+            job_store = job_store or _store(str(host), int(port), timeout)
+            if job_store is None:
+                pass
+            elif decides():
+                server = server or _store(socket.gethostname(), 0, timeout, server=True)
+                if server is not None:
+                    job_store.set(key, f"{socket.gethostname()}:{server.port}")
+                    return Channel(server, job)
+            elif job_store.check([key]):
                 there, _, at = job_store.get(key).decode().rpartition(":")
-                store = _store(there, int(at), timeout) or _store(str(host), int(at), timeout)
-                return Channel(store, job) if store is not None else None
-        except Exception:  # the job's store went away with its launcher
-            return None
+
+                def reopen(there=there, at=int(at)):
+                    return _store(there, at, timeout) or _store(str(host), at, timeout)
+                store = reopen()
+                if store is not None:
+                    return Channel(store, job, reopen)
+        except Exception as exc:
+            _debug(f"channel: the job's store at {host}:{port}: {type(exc).__name__}: {exc}")
+            job_store = None
         time.sleep(TIMING.ask_poll)
     return None

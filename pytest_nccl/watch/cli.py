@@ -28,11 +28,13 @@ import sys
 import tempfile
 import time
 
+from ..core.diagnosis.wording import rank_list
 from ..core.referee import TIMING
+from ..core.reports import CallOutcome
 from ..core.sites import headline_site
 from ..core.states import Reason
 from . import control, jobdir, present
-from .finding import Finding
+from .leftovers import NOTE_EVERY
 from .monitor import Monitor
 from .outcome import (  # noqa: F401  (the statuses, named where they were)
     EXIT_DIAGNOSED,
@@ -74,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                    help="how long ranks may wait in a collective while no rank makes progress before it "
                         "is a hang (or a slow rank), and in init_process_group for peers; default 300")
-    p.add_argument("--trace-dir", metavar="DIR", help="write the trace (JSON) and the ranks' Flight "
-                   "Recorder dumps here on a verdict")
+    p.add_argument("--trace-dir", metavar="DIR", help="write the trace (JSON), the ranks' Flight "
+                   "Recorder dumps, a Perfetto trace (.trace.json) and the swimlane page (.html) here on a verdict")
     p.add_argument("--keep-running", action="store_true",
                    help="on a verdict, report but leave the job running (to attach a debugger)")
     p.add_argument("--quiet", action="store_true", help="print only the headline of a verdict")
@@ -169,7 +171,7 @@ class Watch:
 
     def __init__(self, args, command: list, directory: str):
         self.args, self.command, self.dir = args, command, directory
-        self.finding: Finding | None = None  # the verdict the exit status stands for
+        self.finding: CallOutcome | None = None  # the verdict the exit status stands for
         self.kept = False               # reported with --keep-running: the job goes on
         self.ended_by_watch = False
         self.trace_files: list = []
@@ -180,8 +182,15 @@ class Watch:
         self.peers_missing = ""
 
     def run(self) -> int:
-        args = self.args
         control.become_subreaper()
+        guardian = control.guard(self.dir)  # ends the job if this watch is killed (SIGKILL)
+        try:
+            return self._run()
+        finally:  # a job still running here (the watch failed): the guardian ends it
+            guardian.done(clean=not control.descendants())
+
+    def _run(self) -> int:
+        args = self.args
         signals = _Signals()
         try:
             launcher = control.launch(self.command, job_env(self.dir))
@@ -231,7 +240,7 @@ class Watch:
 
     # -- the loop ---------------------------------------------------------------------------------------
     def _loop(self, launcher, signals: _Signals) -> int:
-        next_reap = 0.0
+        next_reap = next_note = 0.0
         while True:
             if signals.got is not None:
                 say(f"{PROG}: got {signal.Signals(signals.got).name}: ending the job")
@@ -247,6 +256,11 @@ class Watch:
             if now >= next_reap:
                 control.reap(launcher)
                 next_reap = now + 1.0
+            if now >= next_note:
+                # often: a rank that aborts right after it made its /dev/shm files (DeepSpeed's buffers)
+                # takes its launcher's other ranks down with it within a second, before a 1 s note
+                control.note_shm()
+                next_note = now + NOTE_EVERY
             wake = self.monitor.wake_at(now) if not (self.kept or self.attempt_done) else now + 0.2
             time.sleep(min(0.2, max(0.02, wake - time.monotonic())))
         return self._ended(launcher)
@@ -262,6 +276,11 @@ class Watch:
         if elsewhere is not None or reason in (Reason.DECIDED, Reason.TIMEOUT):
             finding = elsewhere or monitor.agree(monitor.conclude(reason or Reason.DECIDED, time.monotonic()))
             attempt = self._attempt()
+            if finding.diagnosis is None:
+                # every rank had finished clean by the time the reports were taken: nothing to act
+                # on; the launcher's own end is the job's (a loaded host's slow exit barrier)
+                self.attempt_done = True
+                return False
             action = on_verdict(finding.diagnosis, attempt, self.args.keep_running)
             if action == Action.FOLLOW_NEXT_ATTEMPT:
                 self._report_attempt(finding, attempt)
@@ -275,7 +294,7 @@ class Watch:
                 if not self.args.quiet:
                     say(f"{PROG}: {finding.verdict.kind} diagnosed; ending the job (SIGTERM, "
                         f"then SIGKILL after {TIMING.job_term_wait:g} s)")
-                control.end(launcher, TIMING.job_term_wait)
+                self._end_job(launcher, finding)
                 self.ended_by_watch = True
                 self._report(finding)
                 self.finding = finding
@@ -288,9 +307,13 @@ class Watch:
             self.attempt_done = True
         elif monitor.referee is None and self._peers_never_appeared(now):
             say(f"{PROG}: {self.peers_missing}")
-            control.end(launcher, TIMING.job_term_wait)
+            self._end_job(launcher)
             self.ended_by_watch = True
         return False
+
+    def _end_job(self, launcher, finding: CallOutcome | None = None) -> None:
+        """End the job on a verdict (a test's job is every process the test started: ``intest``)."""
+        control.end(launcher, TIMING.job_term_wait)
 
     def _peers_never_appeared(self, now: float) -> bool:
         directory = jobdir.attempt_dir(self.dir, self.attempt)
@@ -333,6 +356,9 @@ class Watch:
                 finding = self.monitor.agree(finding)
                 self._report(finding, title=f"the job ended on its own (exit status {job_code}); its journals show")
                 self.finding = finding
+            elif self.monitor.unseen() and not self.args.quiet:  # said, never a verdict
+                say(f"{PROG}: {rank_list(self.monitor.unseen())} (on another node) could not be followed to "
+                    "the end: the channel to that node's watch ended; this node's ranks ended cleanly")
             elif self.monitor.referee is None and not self.earlier:
                 torch_processes = sum(1 for n in _listdir(self.dir) if n.startswith("torch-"))
                 say(f"{PROG}: {no_rank_line(torch_processes)}")
@@ -355,7 +381,7 @@ class Watch:
         present.to_absolute(finding, timeout)
         if self.args.trace_dir:
             try:
-                written = present.write_trace(self.args.trace_dir, finding, timeout)
+                written = present.write_trace(self.args.trace_dir, finding, lambda text: say(f"{PROG}: {text}"))
             except OSError as exc:
                 say(f"{PROG}: cannot write the trace to {self.args.trace_dir}: {exc}")
             else:

@@ -7,7 +7,10 @@
   becomes the watch's child rather than init's, so ``descendants()`` still finds it (torchrun starts
   every rank in a session of its own: the launcher's process group does not reach them).
 - ``end``: SIGTERM to the launcher's process group and to every descendant, then SIGKILL to whatever
-  is left after ``term_wait``.
+  is left after ``term_wait``; then the /dev/shm files the job's processes had open are removed
+  (``leftovers``: noted while they ran, since a process that is gone shows none).
+- ``guard``: the guardian (``leftovers.Guardian``), which outlives a watch killed by SIGKILL and then
+  ends the job's processes that are not ranks (ranks end themselves) and removes those files.
 """
 
 from __future__ import annotations
@@ -19,9 +22,45 @@ import subprocess
 import time
 
 from ..core.referee import TIMING
+from . import jobdir
+from .leftovers import Guardian, ShmFiles
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+
+
+class _Guarded:
+    """This watch's guardian (not a process of the job: ``descendants`` skips it) and the job's
+    /dev/shm files noted so far."""
+    guardian: Guardian | None = None
+    shm: ShmFiles | None = None
+    directory: str | None = None
+
+
+def guard(directory: str) -> Guardian:
+    """Start the guardian of the job whose directory is ``directory``; ``Guardian.done()`` at a normal end."""
+    _Guarded.guardian, _Guarded.shm, _Guarded.directory = Guardian(directory), ShmFiles(directory), directory
+    return _Guarded.guardian
+
+
+def note_shm() -> None:
+    """Note the /dev/shm files the job's processes have open now (every ``NOTE_EVERY`` s, and before ending it)."""
+    if _Guarded.shm is not None:
+        _Guarded.shm.note(descendants())
+
+
+def _ending() -> None:
+    """The launcher may fold its report of the SIGTERM that follows (``fold.py``)."""
+    if _Guarded.directory is not None:
+        try:
+            jobdir.touch(jobdir.ending(_Guarded.directory))
+        except OSError:
+            pass
+
+
+def _remove_shm() -> None:
+    if _Guarded.shm is not None:
+        _Guarded.shm.remove()
 
 
 def _prctl(option: int, value: int) -> bool:
@@ -64,8 +103,11 @@ def descendants(root: int | None = None) -> list[int]:
         if fields[0] != "Z":
             children.setdefault(int(fields[1]), []).append(int(name))
     found, todo = [], [root]
+    spared = _Guarded.guardian.pid if _Guarded.guardian is not None else None
     while todo:
         for child in children.get(todo.pop(), []):
+            if child == spared:
+                continue
             found.append(child)
             todo.append(child)
     return found
@@ -109,7 +151,9 @@ def _signal(pids, sig) -> None:
 def end(launcher: subprocess.Popen, term_wait: float = 5.0) -> None:
     """End the launcher and every process below the watch: SIGTERM (once each: torchrun takes a
     second one in the middle of stopping its workers badly), then SIGKILL after ``term_wait``
-    seconds to whatever is left."""
+    seconds to whatever is left; then the job's /dev/shm files."""
+    note_shm()
+    _ending()
     try:
         os.killpg(launcher.pid, signal.SIGTERM)
     except OSError:
@@ -119,12 +163,14 @@ def end(launcher: subprocess.Popen, term_wait: float = 5.0) -> None:
     while time.monotonic() < deadline:
         reap(launcher)
         if launcher.poll() is not None and not descendants():
+            _remove_shm()
             return
         time.sleep(TIMING.reap_poll)
     kill_all(launcher)
 
 
 def kill_all(launcher: subprocess.Popen) -> None:
+    note_shm()
     try:
         os.killpg(launcher.pid, signal.SIGKILL)
     except OSError:
@@ -141,3 +187,5 @@ def kill_all(launcher: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         pass
     reap(launcher)
+    if not descendants():
+        _remove_shm()

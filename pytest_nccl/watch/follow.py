@@ -205,6 +205,7 @@ class Followed:
         self.exit: RankReport | None = None   # its exit record, or what the watch saw it end as
         self.finished_at: float | None = None
         self.fr_progress: tuple | None = None  # the Flight Recorder's per-group progress, last asked
+        self.unseen = False            # another node's rank this watch lost sight of (the channel ended)
 
     @property
     def local(self) -> bool:

@@ -19,6 +19,12 @@ torch (``startup/sitecustomize.py`` calls ``after_torch``). Imports only the ran
   exception its target raised (a forked child ends with ``os._exit``: no ``atexit``). A killed
   process writes nothing.
 
+- ``after_fork()``: the same for a process forked (not executed) from a pytest process whose test
+  starts ranks itself (``launched.py``: ``torch.multiprocessing.start_processes`` with fork, as
+  accelerate's ``debug_launcher`` does): torch is there already, the start-up hook never ran; only
+  ``init_process_group`` is wrapped, and the tracer is installed when it is called (a forked data
+  loader worker pays for nothing else).
+
 Files go to the directory of the launcher's attempt (``jobdir.attempt_dir``: torchrun's
 ``TORCHELASTIC_RESTART_COUNT``). Nothing here may break the user's job: a step that fails prints one
 line and the job runs on.
@@ -37,6 +43,7 @@ if TYPE_CHECKING:
 
 _rank: "_Rank | None" = None    # once the default group exists in this process
 _exit_status: object = None     # what sys.exit was called with
+_forked = False                 # forked from a test's pytest process (after_fork): its faulthandler is pytest's
 WRAPPED = "_pytest_nccl_watch"  # set on what the watch wrapped: never wrapped twice
 
 
@@ -62,7 +69,25 @@ def after_torch() -> None:
         tracer.install()
         _wrap_init_process_group()
         _when_imported(ELASTIC_AGENT, _wrap_rendezvous)
+        from . import fold
+        _when_imported(fold.SIGNAL_EXCEPTION, fold.install)  # torchrun's traceback of our SIGTERM
+        os.makedirs(base, exist_ok=True)  # a test's directory is made by the first process that needs it
         jobdir.touch(jobdir.torch_marker(base, os.getpid()))
+    except Exception as exc:
+        _warn(f"collectives are not traced in this process ({type(exc).__name__}: {exc})")
+
+
+def after_fork() -> None:
+    """In a child forked from a pytest process while its test's ranks are followed (``launched.py``
+    calls it from ``os.register_at_fork``): torch is imported already; wrap ``init_process_group``
+    (the tracer is installed when it is called). Cheap: every process the test forks runs it."""
+    global _forked
+    if not os.environ.get(jobdir.ENV_DIR) or "torch.distributed.distributed_c10d" not in sys.modules:
+        return
+    try:
+        _forked = True
+        _wrap_sys_exit()
+        _wrap_init_process_group()
     except Exception as exc:
         _warn(f"collectives are not traced in this process ({type(exc).__name__}: {exc})")
 
@@ -159,6 +184,8 @@ def _wrap_init_process_group() -> None:
 
     @functools.wraps(real)
     def init_process_group(*args, **kwargs):
+        if _forked:  # installed here, not at the fork: a forked process that creates no group pays nothing
+            _install_tracer()
         joining = _joining(real, args, kwargs, sys._getframe(1))
         try:
             return real(*args, **kwargs)
@@ -174,6 +201,15 @@ def _wrap_init_process_group() -> None:
                 setattr(module, "init_process_group", init_process_group)  # noqa: B010  (any torch module)
             except Exception:
                 pass
+
+
+def _install_tracer() -> None:
+    try:
+        from ..rank import tracer
+
+        tracer.install()
+    except Exception as exc:
+        _warn(f"collectives are not traced in this process ({type(exc).__name__}: {exc})")
 
 
 def _joining(real, args, kwargs, frame) -> str | None:
@@ -281,7 +317,7 @@ class _Rank:
         except OSError as exc:  # no stacks nor Flight Recorder progress from this rank; the rest works
             self.agent = None
             _warn(f"no agent socket ({exc})")
-        if not faulthandler.is_enabled():
+        if _forked or not faulthandler.is_enabled():  # a forked child has pytest's, to its stderr
             self.fatal_file = open(jobdir.fatal(d, r), "w")
             faulthandler.enable(file=self.fatal_file, all_threads=True)
         atexit.register(self.at_exit)

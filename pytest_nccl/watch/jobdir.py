@@ -77,6 +77,11 @@ def torch_marker(directory: str, pid: int) -> str:
     return os.path.join(directory, f"torch-{pid}")
 
 
+def ending(directory: str) -> str:
+    """Present once the watch ends the job (its SIGTERM): the launcher folds its own report of it."""
+    return os.path.join(directory, "ending")
+
+
 def joining(directory: str, pid: int) -> str:
     return os.path.join(directory, f"joining-{pid}.json")
 

@@ -4,48 +4,48 @@
 saw), the bytes each journal gained since the last tick (read by offset, following the file across
 rotations), exit records and vanished pids (``Referee.finished``), then ``Referee.step`` with a
 ``JobView``. Its cost per tick does not grow with the job: journals are read incrementally and the
-records kept are a window (``window.py``). ``conclude`` collects the stacks of the ranks still
-running and hands every rank's report to the judge, as the test modes do (``judge.judge``): a
-``finding.Finding``.
+records kept are a window (``window.py``). ``conclude`` runs the call driver's conclusion
+(``core.call``: settle, stacks of the ranks still running, the judge), as the test modes do: a
+``CallOutcome``.
 """
 
 from __future__ import annotations
 
-import copy
+import base64
 import json
 import os
 import threading
 import time
 from typing import Callable
 
-from ..core.exits import decode_wait_status
-from ..core.flight import merge as merge_flight_recorder
-from ..core.flight import records_from_dump
-from ..core.judge import judge, settled
+from ..core.call import CallDriver, Dumps, flight_recorder_merged
+from ..core.diagnosis.wording import JOB
+from ..core.flight import with_flight_recorder
 from ..core.records import RankView
 from ..core.referee import TIMING, Referee
-from ..core.reports import RankReport
+from ..core.reports import CallOutcome, RankReport
 from ..core.states import RankState, Reason
 from . import jobdir
+from .channel import CONNECT_WAIT
 from .channel import connect as channel_connect
-from .finding import Finding
 from .follow import Followed, LocalRank, RemoteRank, ask_all, fr_progress
 from .nodes import Nodes
+from .rankreport import report_of
 from .window import Window
-
-FATAL_SIGNALS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
-                 "Floating point exception": "SIGFPE", "Illegal instruction": "SIGILL"}
 
 
 class JobView:
-    """The referee's CallView of a running job."""
+    """The driver's transport for a running job (``core.call.Transport``): the window of each rank's
+    journal, its exit record or vanished process, and its agent's answers."""
 
     def __init__(self, monitor: "Monitor"):
         self.m = monitor
+        self.answers: dict = {}   # rank -> its agent's answer to "dump", once decided
 
+    # -- the referee's CallView --------------------------------------------------------------------------
     def journals(self) -> dict:
-        ranks = self.m.ranks
-        return {r: ranks[r].records if r in ranks else [] for r in range(self.m.world)}
+        ranks = self.m.ranks  # a rank this watch lost sight of is where it was last seen: no evidence
+        return {r: ranks[r].records if r in ranks and not ranks[r].unseen else [] for r in range(self.m.world)}
 
     def journal_sizes(self) -> list:
         ranks = self.m.ranks
@@ -53,21 +53,59 @@ class JobView:
                 for r in range(self.m.world)]
 
     def flight_recorder_journals(self) -> dict | None:
-        """The window merged with the Flight Recorder of the ranks that answer (copies: merging
-        renumbers)."""
-        dumps = {}
+        """The window merged with the Flight Recorder of the ranks that answer."""
+        fr_json = {}
         live = [f for f in self.m.ranks.values() if f.state is None]
         for r, answer in ask_all(live, "fr", TIMING.stacks_wait).items():
             if answer and answer.get("fr_json"):
-                dumps[r] = records_from_dump(answer["fr_json"], r)
+                fr_json[r] = answer["fr_json"]
                 try:  # fresher than the last status poll
                     self.m.ranks[r].fr_progress = fr_progress(json.loads(answer["fr_json"]).get("pg_status"))
                 except ValueError:
                     pass
-        if not dumps:
+        if not fr_json:
             return None
-        journals = {r: [copy.copy(rec) for rec in recs] for r, recs in self.journals().items()}
-        return merge_flight_recorder(journals, dumps)
+        return with_flight_recorder(self.journals(), fr_json)
+
+    # -- the rest of the transport ---------------------------------------------------------------------
+    def receive(self, until: float) -> None:
+        time.sleep(max(0.0, until - time.monotonic()))
+        for f in [f for f in self.m.ranks.values() if f.state is None]:
+            self.m._read(f)
+        self.m._finished(time.monotonic())
+
+    def dumps(self, reason: Reason, live: list[int]) -> Dumps:
+        followed = [f for f in self.m.ranks.values() if f.state is None]
+        self.answers = answers = ask_all(followed, "dump", TIMING.stacks_wait)
+        dumps = Dumps()
+        for r, answer in answers.items():
+            if not answer:
+                continue
+            dumps.stacks[r] = answer.get("stack") or ""
+            if answer.get("fr_json"):
+                dumps.fr_json[r] = answer["fr_json"]
+            if answer.get("fr_pickle"):
+                dumps.fr_pickle[r] = base64.b64decode(answer["fr_pickle"])
+        return dumps
+
+    def release(self, live: list[int]) -> None:
+        pass  # the job is the watch's caller's to end (or to keep running)
+
+    def reports(self, reason: Reason, running: dict[int, RankReport]) -> dict[int, RankReport]:
+        return {r: self.m._report(r, self.answers.get(r)) for r in range(self.m.world)}
+
+    def final_journals(self, reports: dict[int, RankReport], dumps: Dumps) -> dict:
+        """The window of every rank; a rank still running that waits in no traced collective may wait
+        in one issued from C++ (DDP's reducer): then, when every rank answered, with the Flight
+        Recorder's entries merged in."""
+        journals = self.journals()
+        running = [r for r, rep in reports.items() if rep.state == RankState.RUNNING]
+        if not running or not all(_waits_nowhere(journals[r]) for r in running):
+            return journals
+        merged = flight_recorder_merged(journals, dumps, self.m.world)
+        if merged is not journals:
+            self.m.window.base = {}  # numbered by the Flight Recorder now
+        return merged
 
 
 class Monitor:
@@ -82,6 +120,7 @@ class Monitor:
         self.node_count = 1                 # nodes the job's ranks run on (LOCAL_WORLD_SIZE < WORLD_SIZE: more)
         self.nodes: Nodes | None = None      # the other nodes' watches, when the channel is up
         self.referee: Referee | None = None
+        self.driver: CallDriver | None = None  # the call's driver, once the referee exists
         self.t0 = 0.0
         self.window = Window()
         self.view = JobView(self)
@@ -108,7 +147,8 @@ class Monitor:
             self._read(f)
         self.window.trim(self.ranks, self.world)
         self._finished(now)
-        reason = self.referee.step(now, self.view)
+        self._lose_sight()
+        reason = self._driver().step(now)
         if reason is not None:
             _debug(f"referee: {reason}")
         return reason
@@ -164,6 +204,7 @@ class Monitor:
         self.world = int(info.get("world") or 0)
         self.t0 = now
         self.referee = Referee(self.world, self.timeout, now, trace=True, rolling=True)
+        self.driver = CallDriver(self.referee, self.view)
         local_world = jobdir.int_or(info.get("local_world"), self.world) or self.world
         self.node_count = -(-self.world // local_world)
         if self.other_nodes:  # reached in the background: the store may be slow to answer, or gone
@@ -173,6 +214,7 @@ class Monitor:
 
     def _reach_other_nodes(self, info: dict) -> None:
         try:
+            _debug("ranks on other nodes: reaching their watches")
             channel = self.connect(info, lambda: 0 in self.local_ranks())
             _debug(f"ranks on other nodes; their watches {'reached' if channel else 'out of reach'}")
             if channel is None or self._stop.is_set():
@@ -180,6 +222,8 @@ class Monitor:
             for rank, f in self.local_ranks().items():
                 channel.publish_info(rank, f.info)
             self.nodes = Nodes(channel, self.local_ranks, self._ended_report)
+        except Exception as exc:  # said, and on with what this watch sees itself
+            _debug(f"the channel to the other nodes: {type(exc).__name__}: {exc}")
         finally:
             self._connecting.clear()
 
@@ -211,6 +255,21 @@ class Monitor:
             f.finished_at = now
             self._referee().finished(f.rank, f.state, now)
 
+    def _lose_sight(self) -> None:
+        """The channel to the other nodes' watches ended (their deciding watch exited, or its store
+        failed past every retry): their ranks still running are unseen from now on, neither running
+        nor finished, so that where they were last seen is never taken for a hang."""
+        if self.nodes is None or not self.nodes.channel.lost:
+            return
+        for f in self.ranks.values():
+            if not f.local and f.state is None and not f.unseen:
+                f.unseen = True
+                _debug(f"rank {f.rank}: lost sight of it (the channel ended)")
+
+    def unseen(self) -> list[int]:
+        """Ranks of other nodes this watch lost sight of before they ended."""
+        return sorted(r for r, f in self.ranks.items() if f.unseen and f.state is None)
+
     def _poll_status(self) -> None:
         while not self._stop.wait(TIMING.status_every):
             nodes = self.nodes
@@ -226,17 +285,22 @@ class Monitor:
                     if nodes is not None:
                         nodes.channel.publish_progress(f.rank, f.fr_progress)
 
+    def _driver(self) -> CallDriver:
+        if self.driver is None:
+            raise RuntimeError("pytest-nccl watch: no rank has reported yet")
+        return self.driver
+
     def _referee(self) -> Referee:
         """The referee, which exists once the first rank reported (the world size is its)."""
         if self.referee is None:
             raise RuntimeError("pytest-nccl watch: no rank has reported yet")
         return self.referee
 
-    def agree(self, finding: Finding) -> Finding:
+    def agree(self, finding: CallOutcome) -> CallOutcome:
         """The job's finding, the same on every node's watch (``Nodes.agree``)."""
         return self.nodes.agree(finding) if self.nodes is not None else finding
 
-    def decided_elsewhere(self) -> Finding | None:
+    def decided_elsewhere(self) -> CallOutcome | None:
         """The finding of the watch of rank 0's node, once it published one (``Nodes``)."""
         return self.nodes.decided_elsewhere() if self.nodes is not None else None
 
@@ -248,29 +312,24 @@ class Monitor:
             f.file.close()
 
     # -- the verdict ------------------------------------------------------------------------------------
-    def conclude(self, reason: Reason, now: float) -> Finding:
-        """Stacks of the ranks still running, then the judge, as in the test modes."""
+    def conclude(self, reason: Reason, now: float) -> CallOutcome:
+        """The driver's conclusion (settle, stacks of the ranks still running, the judge), as in the
+        test modes, with the window's numbering."""
         self._await_other_nodes()
-        if reason == Reason.DECIDED and self._referee().settle:
-            self._settle()
-        live = [f for f in self.ranks.values() if f.state is None]
-        answers = ask_all(live, "dump", TIMING.stacks_wait)
-        reports = {r: self._report(r, answers.get(r)) for r in range(self.world)}
-        fr_pickles = {}
-        for r, answer in answers.items():
-            if answer and answer.get("fr_pickle"):
-                import base64
-                fr_pickles[r] = base64.b64decode(answer["fr_pickle"])
-        result = judge(reports, self.world, reason, self.timeout, lambda: self._journals(reports, answers),
-                       elapsed=now - self.t0)
-        if result.diagnosis is None:  # clean: the views carry the window all the same
-            for view in result.ranks:
-                view.records = self._journals(reports, answers)[view.rank]
+        view = self.view
+        view.answers = {}
         backend = next((f.info.get("backend", "") for f in self.ranks.values()), "")
-        return Finding(reason, result.ranks, result.diagnosis, now - self.t0, backend, dict(self.window.base),
-                       {r: dict(f.count) for r, f in self.ranks.items()}, fr_pickles)
+        outcome = self._driver().conclude(reason, bound=self.timeout, elapsed=now - self.t0,
+                                          backend=backend, trace=True, words=JOB)
+        if outcome.diagnosis is None:  # clean: the views carry the window all the same
+            journals = view.final_journals(outcome.reports, Dumps(fr_json=outcome.fr_json))
+            for v in outcome.views:
+                v.records = journals[v.rank]
+        outcome.bases = dict(self.window.base)
+        outcome.counts = {r: dict(f.count) for r, f in self.ranks.items()}
+        return outcome
 
-    def after_exit(self, now: float, launcher_ok: bool = False) -> Finding | None:
+    def after_exit(self, now: float, launcher_ok: bool = False) -> CallOutcome | None:
         """The job ended on its own: what the journals say, when the ranks did not all pass.
         ``launcher_ok``: the launcher reported success; a rank that vanished without an exit record
         and without a fatal signal (faulthandler's record) was ended by it with the job, whatever
@@ -300,12 +359,12 @@ class Monitor:
         ``Timing.agree_wait``), and what they published read, before judging the whole job."""
         if not self.other_nodes:
             return
-        deadline = time.monotonic() + TIMING.agree_wait
+        deadline = time.monotonic() + CONNECT_WAIT  # a loaded host: a verdict late, not a verdict blind
         while self.nodes is None and self._connecting.is_set() and time.monotonic() < deadline:
             time.sleep(TIMING.poll)
         if self.nodes is None:
             return
-        self.nodes.await_synced(self.node_count - 1, deadline)
+        self.nodes.await_synced(self.node_count - 1, time.monotonic() + TIMING.agree_wait)
         now = time.monotonic()
         self._discover(now)
         for f in list(self.ranks.values()):
@@ -313,61 +372,14 @@ class Monitor:
                 self._read(f)
         self._finished(now)
 
-    def _settle(self) -> None:
-        """Decided: give ranks outside any collective a moment to finish, as the forked mode does."""
-        deadline = time.monotonic() + TIMING.settle
-        while time.monotonic() < deadline:
-            live = [f for f in self.ranks.values() if f.state is None]
-            for f in live:
-                self._read(f)
-            if settled({f.rank: f.records for f in live}, [f.rank for f in live]):
-                return
-            time.sleep(TIMING.poll)
-            self._finished(time.monotonic())
-
     def _report(self, r: int, answer: dict | None) -> RankReport:
-        """What the watch knows of rank ``r``: its exit record, or what it saw from outside."""
-        f = self.ranks.get(r)
-        if f is None and self.other_nodes:
-            return RankReport(r, RankState.UNSEEN, message="runs on another node, which this watch cannot see")
-        if f is None:
-            return RankReport(r, RankState.NOT_STARTED, message="never created the default process group")
-        report = RankReport(r, f.state or RankState.RUNNING)
-        if f.exit is not None:
-            report.exc_type, report.exc_text, report.message = f.exit.exc_type, f.exit.exc_text, f.exit.message
-            if not f.local:  # its node's watch saw how it ended
-                report.stack, report.exit_code, report.signal_name = f.exit.stack, f.exit.exit_code, f.exit.signal_name
-        if f.finished_at is not None:
-            report.finished_at = f.finished_at - self.t0
-        if answer:
-            report.stack = answer.get("stack") or ""
-        if report.state == RankState.DEAD and f.local:
-            fatal = f.source.fatal()
-            if fatal:
-                report.stack = fatal[-6000:]
-                report.signal_name = next((sig for text, sig in FATAL_SIGNALS.items()
-                                           if f"Fatal Python error: {text}" in fatal), None)
-            if f.source.exit_code is not None and report.signal_name is None:
-                report.exit_code, report.signal_name = decode_wait_status(f.source.exit_code)
-        return report
-
-    def _journals(self, reports: dict, answers: dict) -> dict:
-        """The window of every rank; a rank still running that waits in no traced collective may wait
-        in one issued from C++ (DDP's reducer): then, when every rank answered, with the Flight
-        Recorder's entries merged in."""
-        journals = {r: (self.ranks[r].records if r in self.ranks else []) for r in range(self.world)}
-        running = [r for r, rep in reports.items() if rep.state == RankState.RUNNING]
-        if not running or not all(_waits_nowhere(journals[r]) for r in running):
-            return journals
-        if len(answers) != self.world or not all(a and a.get("fr_json") for a in answers.values()):
-            return journals
-        dumps = {r: records_from_dump(a["fr_json"], r) for r, a in answers.items()}
-        merged = merge_flight_recorder({r: [copy.copy(x) for x in recs] for r, recs in journals.items()}, dumps)
-        self.window.base = {}  # numbered by the Flight Recorder now
-        return merged
+        return report_of(r, self.ranks.get(r), answer, self.t0, self.other_nodes)
 
 
 def _import_torch_distributed() -> None:
+    # before torch loads (the job was started already: its environment is its own): torch's C++ log
+    # would print each failed connection to the job's store with a 30-line stack, before the verdict
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     try:
         import torch.distributed  # noqa: F401
     except Exception:

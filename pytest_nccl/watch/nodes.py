@@ -21,7 +21,7 @@ from typing import Callable
 from ..core.referee import TIMING
 from ..core.reports import RankReport
 from . import jobdir
-from .channel import Channel
+from .channel import CONNECT_WAIT, Channel
 from .follow import JournalFile
 
 
@@ -45,8 +45,9 @@ class Nodes:
         return 0 in self.local()
 
     def _serve(self) -> None:
-        first = True
+        first, flushed = True, 0
         while not self._stop.wait(TIMING.serve_every) and not self.channel.lost:
+            wanted = self.channel.flush_requests()  # read before publishing: this tick answers them
             for rank, f in list(self.local().items()):
                 self._publish(rank, f)
                 for number, request in self.channel.questions(rank):
@@ -54,12 +55,34 @@ class Nodes:
             if first:
                 first = False
                 self.channel.synced()
+            for number in range(flushed + 1, wanted + 1):
+                self.channel.flushed(number)
+            flushed = max(flushed, wanted)
 
     def await_synced(self, others: int, deadline: float) -> None:
         """Wait (until ``deadline``) for ``others`` other watches to have published what their nodes'
-        ranks wrote before they joined: a verdict judges the whole job, not what arrived so far."""
-        while (time.monotonic() < deadline and not self.channel.lost
-               and self.channel.synced_watches() < others + 1):
+        ranks wrote before they joined: a verdict judges the whole job, not what arrived so far. A
+        watch that joined but is not in sync yet (a loaded host) is waited for up to
+        ``CONNECT_WAIT``; one that never joined (no watch on that node) only until ``deadline``."""
+        latest = time.monotonic() + CONNECT_WAIT
+        while not self.channel.lost and self.channel.synced_watches() < others + 1:
+            now = time.monotonic()
+            if now >= latest or (now >= deadline and self.channel.watches() <= self.channel.synced_watches()):
+                break
+            time.sleep(TIMING.serve_every)
+        self._await_flushed(deadline)
+
+    def _await_flushed(self, deadline: float) -> None:
+        """Every other watch in sync has published what its ranks wrote up to now (a loaded host: its
+        relay may lag seconds behind a rank that entered the diverging collective), within
+        ``deadline`` (at least one ``Timing.agree_wait`` from now for those that are in sync)."""
+        watches = self.channel.synced_watches()  # this one's relay answers too
+        if watches <= 1 or self.channel.lost:
+            return
+        number = self.channel.request_flush()
+        until = max(deadline, time.monotonic() + TIMING.agree_wait)
+        while (time.monotonic() < until and not self.channel.lost
+               and self.channel.flushed_watches(number) < watches):
             time.sleep(TIMING.serve_every)
 
     def _publish(self, rank: int, f) -> None:
@@ -102,5 +125,8 @@ class Nodes:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=1.0)
+        if not self._thread.is_alive():  # what the ranks wrote last and how they ended, before the
+            for rank, f in list(self.local().items()):  # channel ends with this watch
+                self._publish(rank, f)
         for reader in self._readers.values():
             reader.close()

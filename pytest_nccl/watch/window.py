@@ -3,9 +3,9 @@ runs for hours, at a cost per tick that does not grow with the job.
 
 Each rank's journal is read by offset (``Followed.file``) into its records; past ``2 * KEEP``
 records of a group, the oldest go. A collective group's records are dropped from the front on every
-rank at once and renumbered from ``base`` (the rules compare positions; ``present.py`` prints the
-numbers the ranks counted); a point-to-point group's, which are not aligned across ranks, rank by
-rank, keeping their numbers.
+rank at once and renumbered from ``base`` (the rules compare positions; each record keeps the
+collectives ``before`` it, and the reports print the numbers the ranks counted); a point-to-point
+group's, which are not aligned across ranks, rank by rank, keeping their numbers.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ class Window:
             f.count[rec.pg] = rec.seq
             f.kept[rec.pg] = f.kept.get(rec.pg, 0) + 1
             if not rec.pg.endswith(":p2p"):
-                rec.seq -= self.base.get(rec.pg, 0)
+                rec.before = self.base.get(rec.pg, 0)
+                rec.seq -= rec.before
             f.records.append(rec)
 
     def trim(self, ranks: dict, world: int) -> None:
@@ -68,6 +69,7 @@ class Window:
                 continue
             if rec.pg == pg and renumber:
                 rec.seq -= renumber
+                rec.before += renumber
             out.append(rec)
         f.records = out
         f.kept[pg] -= dropped

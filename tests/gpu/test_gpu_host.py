@@ -165,9 +165,32 @@ def test_trl_suite_under_gloo_fallback_with_cuda_visible():
     """More ranks than GPUs: gloo fallback, CUDA hidden from the ranks (they would put rank N on a
     cuda:N that does not exist)."""
     world = GPUS + 1
-    proc = subprocess.run([sys.executable, "-m", "pytest", f"--nccl-world={world}", "suites/trl", "-q",
+    # not -q: the session header, which says where the ranks run, is what this checks
+    proc = subprocess.run([sys.executable, "-m", "pytest", f"--nccl-world={world}", "suites/trl",
                            "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True, timeout=1200,
                           env={**os.environ, "PYTEST_ADDOPTS": ""})
     tail = proc.stdout[-3000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, tail
-    assert "CUDA hidden from the ranks" in proc.stdout, tail
+    assert re.search(rf"^nccl: world {world}, backend gloo \(auto: .*CUDA hidden from the ranks\)", proc.stdout,
+                     re.MULTILINE), proc.stdout[:3000]
+
+
+GLOO_SHARES_THE_GPUS = f"""
+import pytest, torch
+import torch.distributed as dist
+
+@pytest.mark.nccl(world={GPUS + 1}, backend="gloo")
+def test_gloo_reduces_cuda_tensors(rank, world_size):
+    t = torch.ones(4, device="cuda")
+    assert t.device.index == rank % {GPUS}, t.device
+    dist.all_reduce(t)
+    assert t.sum().item() == 4 * world_size
+"""
+
+
+def test_gloo_by_name_shares_the_gpus_with_more_ranks_than_gpus(run_inner):
+    """gloo asked for by name with fewer GPUs than ranks: CUDA tensors work as under plain torch,
+    rank r on cuda:r % GPUs (the automatic fallback hides CUDA instead)."""
+    inner = run_inner(GLOO_SHARES_THE_GPUS, "--nccl-backend=gloo")  # the header says the session's backend
+    assert inner.result.parseoutcomes() == {"passed": 1}, inner.text
+    assert f"shared: rank r on cuda:r % {GPUS}" in inner.text, inner.text

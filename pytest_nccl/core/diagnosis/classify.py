@@ -18,6 +18,7 @@ Headlines group ranks that share a view ("ranks 0-14 all_reduce, rank 15 barrier
 from __future__ import annotations
 
 from ..agreement import split_disagreement
+from ..groups import members_of
 from ..records import CollectiveRecord, RankView
 from ..sites import headline_site, rendezvous_at
 from ..states import Kind, RankState, Reason
@@ -26,13 +27,25 @@ from .deadlock import deadlock_diagnosis
 from .divergence import PEER_GONE, first_divergence, gloo_disagreement
 from .findings import Diagnosis, Divergence
 from .outside import NO_FUNCTION, busy_at, in_rendezvous
-from .wording import HEADLINE_WIDTH, SHOWN_VALUES, brief, grouped, rank_list, seconds, state_of, waiting_summary, where
+from .wording import (
+    HEADLINE_WIDTH,
+    SHOWN_VALUES,
+    TEST,
+    Words,
+    brief,
+    grouped,
+    rank_list,
+    seconds,
+    state_of,
+    waiting_summary,
+    where,
+)
 
 
-def diagnose(ranks: list[RankView], reason: Reason, bound: float) -> Diagnosis | None:
+def diagnose(ranks: list[RankView], reason: Reason, bound: float, words: Words = TEST) -> Diagnosis | None:
     """``reason``: "completed" (every rank finished), "decided" (a rule found the outcome), "timeout"
     (the bound was hit). Returns None for a clean pass. The same views give the same diagnosis
-    whatever their order."""
+    whatever their order; ``words``: a test's or a job's."""
     ranks = sorted(ranks, key=lambda v: v.rank)
     div = first_divergence(ranks)
     failed = [v for v in ranks if v.status == RankState.FAILED]
@@ -43,7 +56,7 @@ def diagnose(ranks: list[RankView], reason: Reason, bound: float) -> Diagnosis |
         return _mismatch(div, ranks)
     views = {v.rank: v for v in ranks}
     if div is not None and _left_first(div, views).finished:
-        return _absent(div, views, reason, bound)
+        return _absent(div, views, reason, bound, words)
     said = [(v, found) for v in dead + failed for found in [gloo_disagreement(v.output + "\n" + v.message)] if found]
     if said:
         # no records that show it (trace off, or the rank died before writing), but gloo said it
@@ -63,22 +76,18 @@ def diagnose(ranks: list[RankView], reason: Reason, bound: float) -> Diagnosis |
     if stuck:
         return deadlock_diagnosis(stuck, views)
     if div is not None:
-        return _absent(div, views, reason, bound)
+        return _absent(div, views, reason, bound, words)
     if running:
         inside = [v for v in running if v.current is not None]
         at = [rec for rec in (v.current for v in inside) if rec is not None]  # their records, in that order
         if inside and len(inside) == len(running) and len({(rec.pg, rec.seq) for rec in at}) == 1:
-            rec = at[0]
-            every = "every rank is" if len(running) == len(ranks) else f"{rank_list([v.rank for v in running])} are"
-            return Diagnosis(Kind.HANG, f"{every} inside {where(rec)} and none completed within the "
-                             f"{seconds(bound)} s bound (a transport or peer problem: all ranks entered it)",
-                             [v.rank for v in running], rec.pg, rec.seq)
+            return _hang(running, views, at, bound, words)
         busy = [v for v in running if v.current is None]
         if busy and inside:
-            return _slow(busy, inside, at[0], bound)
+            return _slow(busy, inside, at[0], bound, words)
         tops = grouped({v.rank: busy_at(v, views) for v in running}, 2)
         kind = Kind.RENDEZVOUS if any(in_rendezvous(v) for v in running) else Kind.TIMEOUT
-        return Diagnosis(kind, f"the test exceeded its {seconds(bound)} s bound outside any collective "
+        return Diagnosis(kind, f"the {words.call} exceeded its {seconds(bound)} s bound outside any collective "
                          f"({tops})", [v.rank for v in running])
     statuses = {v.status for v in ranks}
     if RankState.SKIPPED in statuses and len(statuses) > 1:
@@ -88,6 +97,28 @@ def diagnose(ranks: list[RankView], reason: Reason, bound: float) -> Diagnosis |
                          f"({views[skipped[0]].message}); {rank_list(others)} did not skip: "
                          "skip on every rank or on none", skipped)
     return None
+
+
+def _hang(running: list[RankView], views: dict, at: list[CollectiveRecord], bound: float,
+          words: Words) -> Diagnosis:
+    """Every running rank waits in the same collective (``at``: their records) and none completed it. The ranks that
+    finished are named by how they ended, not counted as having entered it: only the members of the
+    group (the peers of a transfer) are, and one that finished has left it (completed, or never in)."""
+    names, rec = [v.rank for v in running], at[0]
+    within = f"within {words.bound(bound)}"
+    if len(running) == len(views):
+        return Diagnosis(Kind.HANG, f"every rank is inside {where(rec)} and none completed {within} "
+                         "(a transport or peer problem: all ranks entered it)", names, rec.pg, rec.seq)
+    if rec.p2p:
+        members = set(names) | {p.peer for r in at for p in (r.blocking_p2p() or r.p2p)}
+    else:
+        members = set(members_of(rec.pg, len(views)))
+    finished = {r: state_of(v, rec.pg, views, words=words) for r, v in views.items()
+                if r in members and r not in names}
+    why = f": {grouped(finished, 2)}" if finished else ""
+    who = f"{rank_list(names)} is inside {where(rec)} and did not complete it" if len(names) == 1 else \
+        f"{rank_list(names)} are inside {where(rec)} and none completed it"
+    return Diagnosis(Kind.HANG, f"{who} {within} (a transport or peer problem{why})", names, rec.pg, rec.seq)
 
 
 def _raised(failed: list[RankView], ranks: list[RankView]) -> Diagnosis:
@@ -110,8 +141,9 @@ def _consequence(view: RankView) -> str:
 
 
 def _mismatch(div: Divergence, ranks: list[RankView]) -> Diagnosis:
-    recs, pos = div.records, f"#{div.seq} of group {div.pg}"
+    recs = div.records
     first = next(iter(recs.values()))
+    pos = f"#{first.number} of group {div.pg}"
     odd: list[int] = []
     if div.kind == Kind.OP_MISMATCH:
         what = f"op mismatch at collective {pos}: {grouped({r: rec.op for r, rec in recs.items()})}"
@@ -171,25 +203,25 @@ def _left_first(div: Divergence, views: dict) -> RankView:
                key=lambda v: (not v.finished, len(v.records_in(div.pg)), _LEAVING.get(v.status, 2), v.rank))
 
 
-def _absent(div: Divergence, views: dict, reason: Reason, bound: float) -> Diagnosis:
+def _absent(div: Divergence, views: dict, reason: Reason, bound: float, words: Words) -> Diagnosis:
     rec = div.records[min(div.records)]
     absent = [views[r] for r in div.absent]
     first = _left_first(div, views)
-    state = state_of(first, div.pg, views)
-    same = [v.rank for v in absent if state_of(v, div.pg, views) == state]  # ranks 1,2 both left alike
+    state = state_of(first, div.pg, views, words=words)
+    same = [v.rank for v in absent if state_of(v, div.pg, views, words=words) == state]  # ranks 1,2 both left alike
     waiting = sorted(div.records)
     if first.status == RankState.UNSEEN:  # how far they got is not known: where the others wait now
         rec = next((views[r].current for r in waiting if views[r].current is not None), rec)
     verb = "wait" if len(waiting) > 1 else "waits"
     if reason == Reason.TIMEOUT and first.status in (RankState.RUNNING, RankState.UNSEEN):
-        verb = "waited" + f" for the whole {seconds(bound)} s bound"
+        verb = f"waited {words.whole(bound)}"
     headline = f"{rank_list(same)} {state}; {rank_list(waiting)} {verb} in {where(rec)}"
     if len(headline) >= HEADLINE_WIDTH - len("slow rank: "):  # too long: the function's name goes, not
-        headline = (f"{rank_list(same)} {state_of(first, div.pg, views, NO_FUNCTION)}; "  # the line it waits in
+        headline = (f"{rank_list(same)} {state_of(first, div.pg, views, NO_FUNCTION, words)}; "  # the line it waits in
                     f"{rank_list(waiting)} {verb} in {where(rec)}")
     others = [v for v in absent if v.rank not in same]
     if len(others) == 1:
-        headline += f"; also rank {others[0].rank} {state_of(others[0], div.pg, views)}"
+        headline += f"; also rank {others[0].rank} {state_of(others[0], div.pg, views, words=words)}"
     elif others:
         states = {"died" if v.status == RankState.DEAD else "raised" if v.status == RankState.FAILED else
                   "left the test" if v.finished else "are elsewhere" for v in others}
@@ -211,9 +243,10 @@ def _absent(div: Divergence, views: dict, reason: Reason, bound: float) -> Diagn
     return Diagnosis(kind, headline, [first.rank], div.pg, div.seq, div)
 
 
-def _slow(busy: list[RankView], inside: list[RankView], rec: CollectiveRecord, bound: float) -> Diagnosis:
+def _slow(busy: list[RankView], inside: list[RankView], rec: CollectiveRecord, bound: float,
+          words: Words) -> Diagnosis:
     """``rec``: the record the first of ``inside`` waits in."""
     tops = grouped({v.rank: busy_at(v) for v in busy}, 2)
     return Diagnosis(Kind.SLOW_RANK, f"slow rank: {rank_list([v.rank for v in busy])} busy outside any "
-                     f"collective ({tops}); {rank_list([v.rank for v in inside])} waited for the whole "
-                     f"{seconds(bound)} s bound in {where(rec)}", [v.rank for v in busy], rec.pg, rec.seq)
+                     f"collective ({tops}); {rank_list([v.rank for v in inside])} waited "
+                     f"{words.whole(bound)} in {where(rec)}", [v.rank for v in busy], rec.pg, rec.seq)

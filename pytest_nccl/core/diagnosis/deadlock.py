@@ -106,7 +106,7 @@ def _cross_group(stuck: dict, views: dict) -> Diagnosis:
                 f"{rank_list(positions[skipped])} wait{'s' if len(positions[skipped]) == 1 else ''} in it")
         headline = f"{rank_list(who)} skipped {where(q)} and {verb} in {where(p)}{rest}"
         if len(headline) >= HEADLINE_WIDTH:  # the skipped call's site matters most
-            headline = f"{rank_list(who)} skipped {where(q)} and {verb} in {p.op} #{p.seq} of group {p.pg}{rest}"
+            headline = f"{rank_list(who)} skipped {where(q)} and {verb} in {p.op} #{p.number} of group {p.pg}{rest}"
         return Diagnosis(Kind.DEADLOCK, headline, who, q.pg, q.seq)
     parts: list[str] = []
     for _, present in sorted(positions.items(), key=lambda kv: min(kv[1])):

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..groups import rank_ranges
 from ..records import CollectiveRecord, RankView
 from ..sites import headline_site, rendezvous_at
@@ -13,6 +15,40 @@ from .outside import FULL, elsewhere, running_state
 def seconds(value: float) -> str:
     """A duration in a headline, rounded for people: 120 -> '120', 2.87518 -> '2.9'."""
     return f"{round(value, 1):g}"
+
+
+@dataclass(frozen=True)
+class Words:
+    """What a call is called where a report names it: a test (the pytest modes) or a job (the watch,
+    whose bound is ``--timeout``, a stall)."""
+    call: str                 # "the test exceeded its 60 s bound"
+    left: str                 # a rank that passed, in a headline
+    not_started: str          # a rank that never began the call, in a headline
+    passed: str               # a rank that passed, where each rank is
+    raised: str               # before a failed rank's exception, where each rank is
+    timeout: str              # the bound: "{} s bound" or "{} s (--timeout)"
+    stalled: str              # waited the whole bound
+
+    def bound(self, value: float) -> str:
+        """'the 60 s bound' / '60 s (--timeout)'."""
+        return self.timeout.format(seconds(value))
+
+    def whole(self, value: float) -> str:
+        """How long ranks waited when the bound ended the call."""
+        return self.stalled.format(seconds(value))
+
+    def span(self, elapsed: float, bound: float) -> str:
+        """The report's trace header: how long the call ran, against what."""
+        if self is JOB:
+            return f"{elapsed:.1f} s after init_process_group, --timeout {bound:g} s"
+        return f"{elapsed:.2f} s of a {bound:g} s bound"
+
+
+TEST = Words(call="test", left="left the test (passed)", not_started="never started this test", passed="passed",
+             raised="failed: ", timeout="the {} s bound", stalled="for the whole {} s bound")
+JOB = Words(call="job", left="exited normally", not_started="never created the default process group",
+            passed="exited normally", raised="raised ", timeout="{} s (--timeout)",
+            stalled="{} s (--timeout) with no progress")
 
 
 SHOWN_VALUES = 3   # distinct values a headline lists before "and N more"
@@ -62,27 +98,29 @@ def where(rec: CollectiveRecord, transfer=None) -> str:
         group = rec.pg.removesuffix(":p2p")
         transfer = transfer or (rec.blocking_p2p() or rec.p2p)[0]
         return f"{transfer.call(rec.op)}{'' if group == 'default' else ' in group ' + group}{origin}"
-    return f"{rec.op} #{rec.seq} of group {rec.pg}{origin}"
+    return f"{rec.op} #{rec.number} of group {rec.pg}{origin}"
 
 
-def state_of(view: RankView, pg: str, views: dict | None = None, quote: int = FULL) -> str:
+def state_of(view: RankView, pg: str, views: dict | None = None, quote: int = FULL, words: Words = TEST) -> str:
     """Why this rank is not in the collective the others wait in (``quote``: how much of its place a
     headline quotes, ``outside.FULL`` first)."""
     if view.status == RankState.UNSEEN:  # how far it got is not known here
         return "cannot be seen by this watch (on another node)"
-    count = len(view.records_in(pg))
+    count = view.count_in(pg)
     after = f"after {count} collective{'s' if count != 1 else ''} in group {pg}"
     if view.status == RankState.DEAD:
         return f"{view.exit_description} {after}"
     if view.status == RankState.FAILED:
         return f"raised {brief(view.message or view.exc_type)} {after}"
-    if view.status in (RankState.PASSED, RankState.SKIPPED, RankState.XFAILED):
+    if view.status == RankState.PASSED:
+        return f"{words.left} {after}"
+    if view.status in (RankState.SKIPPED, RankState.XFAILED):
         return f"left the test ({view.status}) {after}"
     cur = view.current
     if cur is not None and cur.pg != pg:
         return f"waits in {where(cur)} instead, {after}"
     if view.status == RankState.NOT_STARTED:
-        return f"never started this test, {after}"
+        return f"{words.not_started}, {after}"
     rendezvous = rendezvous_at(view.stack) if view.outside_wait is None else ""  # else: the tracer saw it
     if rendezvous:
         return f"waits in a rendezvous at {rendezvous} that a member of the new group never joined, {after}"

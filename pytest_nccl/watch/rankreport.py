@@ -1,0 +1,44 @@
+"""What the watch knows of one rank, as the judge's ``RankReport``: its exit record (its own, or the
+one its node's watch published), or what the watch saw from outside (a process that died, a fatal
+signal that faulthandler recorded, a rank on a node this watch cannot see)."""
+
+from __future__ import annotations
+
+from ..core.exits import decode_wait_status
+from ..core.reports import RankReport
+from ..core.states import RankState
+from .follow import Followed
+
+#: faulthandler's words for a fatal signal -> the signal's name
+FATAL_SIGNALS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
+                 "Floating point exception": "SIGFPE", "Illegal instruction": "SIGILL"}
+
+
+def report_of(r: int, f: Followed | None, answer: dict | None, t0: float, other_nodes: bool) -> RankReport:
+    """Rank ``r``'s report; ``f``: how the watch follows it (None: never seen); ``answer``: its
+    agent's answer to "dump" (its stacks); ``t0``: the call's start on the watch's clock."""
+    if f is None and other_nodes:
+        return RankReport(r, RankState.UNSEEN, message="runs on another node, which this watch cannot see")
+    if f is None:
+        return RankReport(r, RankState.NOT_STARTED, message="never created the default process group")
+    if f.unseen and f.state is None:
+        return RankReport(r, RankState.UNSEEN, message="runs on another node; this watch lost sight of it "
+                          "(the channel to that node's watch ended)")
+    report = RankReport(r, f.state or RankState.RUNNING)
+    if f.exit is not None:
+        report.exc_type, report.exc_text, report.message = f.exit.exc_type, f.exit.exc_text, f.exit.message
+        if not f.local:  # its node's watch saw how it ended
+            report.stack, report.exit_code, report.signal_name = f.exit.stack, f.exit.exit_code, f.exit.signal_name
+    if f.finished_at is not None:
+        report.finished_at = f.finished_at - t0
+    if answer:
+        report.stack = answer.get("stack") or ""
+    if report.state == RankState.DEAD and f.local:
+        fatal = f.source.fatal()
+        if fatal:
+            report.stack = fatal[-6000:]
+            report.signal_name = next((sig for text, sig in FATAL_SIGNALS.items()
+                                       if f"Fatal Python error: {text}" in fatal), None)
+        if f.source.exit_code is not None and report.signal_name is None:
+            report.exit_code, report.signal_name = decode_wait_status(f.source.exit_code)
+    return report
