@@ -12,6 +12,7 @@ cd "$(dirname "$0")/.."
 export PIP_CONSTRAINT=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
 ENDS=${TORCH_ENDS:-"2.6.0 2.15.0"}
 ROOT=${TORCH_ENDS_DIR:-.ci-torch-ends}
+ROOT=$(mkdir -p "$ROOT" && cd "$ROOT" && pwd)  # absolute: PATH below names it
 SUBSET=(tests/test_trace.py tests/test_tracer_wrappers.py tests/test_functional_trace.py tests/test_side_groups.py
         tests/test_watch_hook.py tests/test_spmd.py tests/test_startup.py)
 for version in $ENDS; do
@@ -25,8 +26,8 @@ for version in $ENDS; do
     ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} 2> >(grep -v '^WARNING: Location' >&2)
   "$venv/bin/python" -c "import torch; v = torch.__version__.split('+')[0]; assert v == '$version', v; print('torch', torch.__version__)"
   t1=$(date +%s)
-  PATH="$PWD/$venv/bin:$PATH" python -m pytest -q -p no:cacheprovider "${SUBSET[@]}"
-  PATH="$PWD/$venv/bin:$PATH" python -m pytest --nccl-world=2 suites/launch suites/modern -q -p no:cacheprovider -rfEX
+  PATH="$venv/bin:$PATH" python -m pytest -q -p no:cacheprovider "${SUBSET[@]}"
+  PATH="$venv/bin:$PATH" python -m pytest --nccl-world=2 suites/launch suites/modern -q -p no:cacheprovider -rfEX
   echo "CI: torch $version: install $(( t1 - t0 )) s, tests $(( $(date +%s) - t1 )) s"
   rm -rf "$venv"  # ~5 GB each
 done
