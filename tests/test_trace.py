@@ -1,6 +1,7 @@
 """Artifacts: --nccl-trace-dir JSON and Flight Recorder dumps that torch's fr_trace reads, the JUnit
 property, async collectives, subgroups, and --nccl-trace=off."""
 
+import importlib.util
 import json
 import pickle
 import re
@@ -60,6 +61,16 @@ def test_trace_dir_junit_and_flight_recorder(run_inner, pytester):
 
     fr_dir = traces / "test_inner.py__test_slow_rank_async.fr"
     assert sorted(p.name for p in fr_dir.iterdir()) == ["rank_0", "rank_1"]
+    if importlib.util.find_spec("torch.distributed.flight_recorder") is None:
+        # torch 2.6 has no fr_trace to analyze it with: the dump must still load as fr_trace's
+        # input, with the hang's entries where this torch's recorder records gloo
+        from pytest_nccl.rank import flight_api
+        with open(fr_dir / "rank_0", "rb") as f:
+            dump = pickle.load(f)
+        assert {"entries", "pg_config", "version"} <= set(dump), sorted(dump)
+        if not flight_api.gap("gloo"):
+            assert any("all_gather" in e.get("profiling_name", "") for e in dump["entries"]), dump["entries"]
+        return
     analyzed = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(fr_dir)],
                               capture_output=True, text=True, timeout=120)
     printed = analyzed.stdout + analyzed.stderr  # its logger writes to stderr
