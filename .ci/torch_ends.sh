@@ -2,7 +2,7 @@
 # The ends of the supported torch range (README "Support range"), each in a venv of its own: the
 # project's tests of the tracer, functional collectives, side groups, the watch's start-up hook,
 # SPMD and the fork server, then `pytest --nccl-world=2 suites/launch suites/modern`.
-# Called by .ci/run as `bash .ci/torch_ends.sh`; TORCH_ENDS overrides the versions.
+# .ci/run calls it with a smaller TORCH_ENDS_TESTS; TORCH_ENDS overrides the versions.
 # torch comes from PyPI (CUDA builds, ~4.6 GB installed, they run on CPU) or TORCH_INDEX_URL. A
 # machine whose pip configuration caps torch (/etc/xdg/pip's constraint file) is overridden through
 # PIP_CONSTRAINT=/dev/null (the environment beats pip's configuration files; `--isolated` and an
@@ -13,8 +13,10 @@ export PIP_CONSTRAINT=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED
 ENDS=${TORCH_ENDS:-"2.6.0 2.15.0"}
 ROOT=${TORCH_ENDS_DIR:-.ci-torch-ends}
 ROOT=$(mkdir -p "$ROOT" && cd "$ROOT" && pwd)  # absolute: PATH below names it
-SUBSET=(tests/test_trace.py tests/test_tracer_wrappers.py tests/test_functional_trace.py tests/test_side_groups.py
-        tests/test_watch_hook.py tests/test_spmd.py tests/test_startup.py)
+# TORCH_ENDS_TESTS overrides the project's tests run on each end (.ci/run passes a smaller set)
+ALL_TESTS="tests/test_trace.py tests/test_tracer_wrappers.py tests/test_functional_trace.py tests/test_side_groups.py"
+ALL_TESTS+=" tests/test_watch_hook.py tests/test_spmd.py tests/test_startup.py"
+read -r -a SUBSET <<< "${TORCH_ENDS_TESTS:-$ALL_TESTS}"
 for version in $ENDS; do
   venv="$ROOT/torch-$version"
   t0=$(date +%s)
