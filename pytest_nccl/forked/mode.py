@@ -20,6 +20,7 @@ from ..errors import NcclUsageError, RankSetupError
 from ..placement import Placement
 from ..session import NcclSession, exception_class, item_budget, item_outcome, record_failure, write_trace
 from ..settings import RANK_FIXTURES, MarkerArgs, argnames_of, parse_marker
+from ..torch_gaps import gap_line
 from ..views.report import format_report
 from .gpus import GpuLeaser
 from .group import RankGroup
@@ -52,7 +53,7 @@ class ForkedMode:
         except NcclUsageError as exc:
             return f"nccl: {exc}"
         return (f"nccl: world {s.world}, {placement.describe()}, timeout {s.timeout:g} s, "
-                f"trace {'on' if s.trace else 'off'}")
+                f"trace {'on' if s.trace else 'off'}") + gap_line(placement.backend)
 
     def session_started(self, session: pytest.Session) -> None:
         """Start the fork server now, without waiting: it imports torch (and ``nccl_preload``) while

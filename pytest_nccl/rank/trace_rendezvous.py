@@ -17,10 +17,13 @@ rendezvous, barriers) is part of what called it.
 
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 import threading
 
+import torch
+import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from . import trace_core as core
@@ -63,17 +66,25 @@ def _update(trace: core.CallTrace, seq: int, args: str) -> None:
 
 class _Joined(threading.Thread):
     """While a group's creation waits: which of its ranks have published their address (gloo's
-    connectFullMesh sets ``0/<group rank>`` in the group's store, for device 0)."""
+    connectFullMesh sets ``0/<group rank>`` in the group's store, for device 0). ``prefixes``: the
+    key prefixes of the group's store over ``store``, one tuple per device that may hold the keys."""
 
-    def __init__(self, trace: core.CallTrace, seq: int, stores: list, size: int):
+    def __init__(self, trace: core.CallTrace, seq: int, store, prefixes: list, size: int):
         super().__init__(name=THREAD_NAME, daemon=True)
-        self.trace, self.seq, self.stores, self.size = trace, seq, stores, size
+        self.trace, self.seq, self.store, self.prefixes, self.size = trace, seq, store, prefixes, size
         self.done = threading.Event()
 
     def run(self) -> None:
-        try:  # connections of our own: the creating thread holds the store's
-            stores = [store.clone() for store in self.stores]
-        except Exception:  # any store type (a user's too), without clone or gone: not shown
+        local.inside = True  # the connection made here is not the user's store
+        try:  # a connection of our own: the creating thread holds the store's
+            base = own_connection(self.store)
+            stores = []
+            for prefixes in self.prefixes:
+                store = base
+                for prefix in reversed(prefixes):
+                    store = c10d.PrefixStore(prefix, store)
+                stores.append(store)
+        except Exception:  # any store type (a user's too), without a connection of our own or gone: not shown
             return
         shown = None
         while not self.done.wait(POLL):
@@ -84,6 +95,20 @@ class _Joined(threading.Thread):
             if joined != shown and core.active is self.trace:
                 shown = joined
                 _update(self.trace, self.seq, f"joined={','.join(map(str, joined)) or '-'}")
+
+
+def own_connection(store):
+    """``store`` through a connection of this thread's own: ``Store.clone`` where torch has it; before
+    it (torch 2.6), a TCPStore gets a client of its own and a HashStore (in this process) is shared;
+    any other store raises (sharing its connection with a thread that waits in it is not safe)."""
+    clone = getattr(store, "clone", None)
+    if clone is not None:
+        return clone()
+    if isinstance(store, dist.TCPStore):
+        return dist.TCPStore(store.host, store.port, is_master=False, timeout=datetime.timedelta(seconds=30))
+    if isinstance(store, dist.HashStore):
+        return store
+    raise TypeError(f"no connection of our own to a {type(store).__name__} in torch {torch.__version__}")
 
 
 def _waits_outside(what: str, describe):
@@ -132,7 +157,7 @@ def _tcpstore(args, kwargs):
 def _backend(args, kwargs):
     # ProcessGroupGloo(self, store, rank, size, timeout) / ProcessGroupNCCL(self, store, rank, size, options)
     store, rank, size = _arg(args, kwargs, 1, "store"), _arg(args, kwargs, 2, "rank"), _arg(args, kwargs, 3, "size")
-    return f"store={_address(store)} n={size} r={rank}", ([store], int(size))
+    return f"store={_address(store)} n={size} r={rank}", (store, [()], int(size))
 
 
 def _helper(args, kwargs):
@@ -142,8 +167,7 @@ def _helper(args, kwargs):
     store, name = _arg(args, kwargs, 4, "store"), _arg(args, kwargs, 5, "group_name")
     text = f"store={_address(store)} n={size} r={rank} name={core._clean(str(name))}"
     # c10d prefixes the group's store with its name, then the device; gloo with the device index
-    group_store = c10d.PrefixStore(f"{name}/", store)
-    return text, ([c10d.PrefixStore(f"{device}/", group_store) for device in ("cpu", "cuda")], int(size)) \
+    return text, (store, [(f"{name}/", f"{device}/") for device in ("cpu", "cuda")], int(size)) \
         if not ranks else None
 
 

@@ -26,6 +26,19 @@ RELAY_DEPTH = 12  # a relaying library's distinct files kept in a chain on top (
 GRAPH_CODE = "<eval_with_key>"  # the file name torch.fx gives a GraphModule's generated forward
 
 
+def _run_node_code():
+    """The code of torch.fx's Interpreter.run_node: a compiled graph that torch runs node by node
+    (torch 2.6's aot_eager backend) issues each node's op from there, with the node in ``n``."""
+    try:
+        from torch.fx.interpreter import Interpreter
+        return Interpreter.run_node.__code__
+    except Exception:  # no torch.fx in this build, whatever it raises: no graph run node by node
+        return None
+
+
+_RUN_NODE = _run_node_code()
+
+
 _USER, _INTERNAL, _GRAPH, _BOUNDARY, _RELAY = 0, 1, 2, 3, 4
 _kind_of: dict[int, int] = {}   # id(code) -> kind; ids stay valid: _codes keeps each code alive
 _codes: list = []
@@ -49,8 +62,8 @@ def is_internal_file(filename: str) -> bool:
 
 def _classify(code) -> int:
     filename = code.co_filename
-    kind = _GRAPH if filename.startswith(GRAPH_CODE) else _INTERNAL if is_internal_file(filename) else \
-        _RELAY if relay_package(filename) else _USER
+    kind = _GRAPH if filename.startswith(GRAPH_CODE) or code is _RUN_NODE else \
+        _INTERNAL if is_internal_file(filename) else _RELAY if relay_package(filename) else _USER
     _kind_of[id(code)] = kind
     _codes.append(code)
     return kind
@@ -74,7 +87,7 @@ def call_site(frame) -> str:
     The walk reads only code ids and instruction offsets; the text (which needs line numbers, and
     for a graph its node's stack trace) is built once per distinct chain and cached: a training loop
     issues the same few call sites thousands of times."""
-    key = []
+    key: list[object] = []
     frames = []
     last = None
     files = relays = 0
@@ -100,7 +113,7 @@ def call_site(frame) -> str:
                         break
         elif kind == _GRAPH:
             key.append(id(code))
-            key.append(frame.f_lasti)
+            key.append(frame.f_lasti if code is not _RUN_NODE else _node_stack(frame))
             frames.append(frame)
         elif kind == _BOUNDARY:
             break
@@ -131,6 +144,9 @@ def site_of(trace, frame) -> bytes:
         kind = _kind_of.get(id(frame.f_code)) if frame is not None else None
     if frame is None:
         return b""
+    if frame.f_code is _RUN_NODE:  # one frame per node, all from the same line: nothing to remember
+        chain = call_site(frame)
+        return _site_bytes.get(chain) or chain.encode()
     back = frame.f_back
     if frame is trace.site_frame and frame.f_lasti == trace.site_lasti and back is trace.site_back:
         return trace.site_text
@@ -163,8 +179,9 @@ def _chain_text(frames: list) -> str:
     last = None
     files = 0
     for frame in frames:
-        found = graph_lines(frame) if frame.f_code.co_filename.startswith(GRAPH_CODE) else \
-            [(frame.f_code.co_filename, frame.f_lineno)]
+        code = frame.f_code
+        found = graph_lines(frame) if code.co_filename.startswith(GRAPH_CODE) else \
+            _stack_lines(_node_stack(frame)) if code is _RUN_NODE else [(code.co_filename, frame.f_lineno)]
         for filename, line in found:
             if filename != last and files < SITE_DEPTH:
                 last = filename
@@ -184,6 +201,19 @@ def graph_lines(frame) -> list[tuple[str, int]]:
         stack = node.meta.get("stack_trace") or ""
     except Exception:  # torch.fx's private attributes, any version: no stack then
         return []
+    return _stack_lines(stack)
+
+
+def _node_stack(frame) -> str:
+    """The stack trace torch.fx kept for the node an Interpreter's run_node frame is running."""
+    try:
+        return frame.f_locals["n"].meta.get("stack_trace") or ""
+    except Exception:
+        return ""
+
+
+def _stack_lines(stack: str) -> list[tuple[str, int]]:
+    """(file, line) of the user's frames in a node's kept stack trace, innermost first."""
     found = []
     for line in stack.splitlines():
         line = line.strip()

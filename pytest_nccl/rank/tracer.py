@@ -24,8 +24,8 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from ..core.ops import P2P_OPS, SPLIT_OPS
+from . import flight_api, trace_sites
 from . import trace_core as core
-from . import trace_sites
 from .trace_args import ALWAYS_ASYNC, COMPOSITE, CONTRIBUTED, _arguments, _memo_params
 from .trace_core import _label_ranks, describe, local, pg_label  # noqa: F401 (the tracer's API)
 from .trace_sites import call_site  # noqa: F401
@@ -292,8 +292,7 @@ def journal_fd() -> int:
 
 def flight_recorder_json() -> str | None:
     try:
-        # not in torch's type stubs: looked up by name
-        return getattr(torch._C._distributed_c10d, "_dump_fr_trace_json")().decode()  # noqa: B009
+        return flight_api.dump_json().decode()
     except Exception:  # no Flight Recorder in this build or version, whatever it raises
         return None
 
@@ -316,7 +315,7 @@ def flight_recorder_pickle() -> bytes | None:
     try:
         import pickle
         # without stack traces: symbolizing them imports torch._dynamo (about 4 s) in a stuck rank
-        dump = pickle.loads(getattr(torch._C._distributed_c10d, "_dump_fr_trace")(True, False, False))  # noqa: B009
+        dump = pickle.loads(flight_api.dump_pickle(True, False, False))
         config = _pg_config()
         if config:
             dump["pg_config"] = config

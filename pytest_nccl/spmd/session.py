@@ -25,6 +25,7 @@ from ..errors import NcclUsageError, RankSetupError
 from ..placement import place
 from ..session import item_budget
 from ..settings import MarkerArgs, parse_marker
+from ..torch_gaps import gap_line
 from .collection import collection_difference
 from .group import LaunchedGroup
 from .launch import Launch
@@ -149,7 +150,7 @@ class SpmdSession:
         launch = self.launch
         return (f"nccl: SPMD mode: rank {launch.rank} of {launch.world} launched by {launch.launcher}, "
                 f"backend {self.backend} ({self.backend_why}), timeout {self.nccl.settings.timeout:g} s, "
-                f"trace {'on' if self.nccl.settings.trace else 'off'}")
+                f"trace {'on' if self.nccl.settings.trace else 'off'}") + gap_line(self.backend)
 
     def pytest_sessionstart(self, session) -> None:
         self.group.connect()

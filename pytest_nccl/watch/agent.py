@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 
-from ..rank import tracer
+from ..rank import flight_api, tracer
 from ..rank.stacks import THREAD_PREFIX, format_stacks
 from . import jobdir
 from .timing import TIMING
@@ -41,10 +41,7 @@ def alive(pid: int) -> bool:
 
 def fr_status():
     try:
-        import torch
-
-        # not in torch's type stubs: looked up by name
-        text = getattr(torch._C._distributed_c10d, "_dump_fr_trace_json")(False, True)  # noqa: B009
+        text = flight_api.dump_json(False, True)
         return json.loads(text.decode()).get("pg_status")
     except Exception:  # no Flight Recorder in this build or version, whatever it raises
         return None

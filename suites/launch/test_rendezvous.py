@@ -44,8 +44,13 @@ def init_weight_sync_group(rank: int, world_size: int, group_name: str = "openrl
         listener.close()
         raise
     listen_fd = listener.detach()  # from here on the store's
-    store = dist.TCPStore(host, port, world_size, rank == 0, timeout=OPENRLHF_TIMEOUT,
-                          wait_for_workers=True, master_listen_fd=listen_fd)
+    store_args = dict(timeout=OPENRLHF_TIMEOUT, wait_for_workers=True, master_listen_fd=listen_fd)
+    try:
+        store = dist.TCPStore(host, port, world_size, rank == 0, **store_args)
+    except NotImplementedError:
+        # torch 2.6's default (libuv) store refuses a listen fd ("switch to the legacy TCPStore");
+        # it leaves the fd open (measured), so the legacy store takes the same one
+        store = dist.TCPStore(host, port, world_size, rank == 0, use_libuv=False, **store_args)
     return dist.ProcessGroupGloo(dist.PrefixStore(group_name, store), rank, world_size, OPENRLHF_TIMEOUT)
 
 

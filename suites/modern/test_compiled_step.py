@@ -23,10 +23,12 @@ from torch import nn
 def step(model: nn.Module, x: torch.Tensor, rank: int, log_on_rank0_only: bool) -> torch.Tensor:
     loss = model(x).pow(2).mean()
     loss.backward()
+    # a sum divided by the world size, not "avg": gloo on torch 2.6 has no AVG (measured: it raises)
+    world = dist.get_world_size()
     for p in model.parameters():
-        p.grad = funcol.all_reduce(p.grad, "avg", dist.group.WORLD)  # GRADS
+        p.grad = funcol.all_reduce(p.grad, "sum", dist.group.WORLD) / world  # GRADS
     if rank == 0 or not log_on_rank0_only:
-        loss = funcol.all_reduce(loss.detach(), "avg", dist.group.WORLD)  # LOG
+        loss = funcol.all_reduce(loss.detach(), "sum", dist.group.WORLD) / world  # LOG
     return loss
 
 

@@ -17,8 +17,10 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-from modern_helpers import site, tiny_lm_fsdp2
+from modern_helpers import needs_fsdp2_on_cpu, site, tiny_lm_fsdp2
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+pytestmark = needs_fsdp2_on_cpu
 
 
 def train_and_save(gather_on_rank0_only: bool, path: str) -> int:

@@ -17,10 +17,12 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-from modern_helpers import site, tiny_lm_fsdp2
+from modern_helpers import needs_fsdp2_on_cpu, site, tiny_lm_fsdp2
 
 MAX_TOKENS = 24
 SHORT, LONG = 6, 10
+
+pytestmark = needs_fsdp2_on_cpu
 
 
 def sequences(rank: int, world: int) -> list[torch.Tensor]:
