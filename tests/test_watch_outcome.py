@@ -132,3 +132,39 @@ def test_ranks_that_vanished_with_a_successful_launcher_ended_with_the_job(tmp_p
     else:
         assert finding is not None and finding.reason == Reason.COMPLETED
         assert {v.status for v in finding.views} == {RankState.DEAD} and finding.diagnosis.kind == DIED
+
+
+def test_a_rank_whose_exit_record_comes_between_two_reads_is_judged_on_its_whole_journal(tmp_path, monkeypatch):
+    """A rank writes its collective's completion, then its exit record; when both land between the
+    watch's read of its journal and its look for the record, the record must not make its last
+    collective look left pending: the other rank, still completing it, is not 'waiting for a finished
+    rank' (a healthy job was ended as a hang this way under load)."""
+    from pytest_nccl.core.reports import RankReport
+    from pytest_nccl.watch.follow import LocalRank
+
+    d = str(tmp_path)
+    for rank in (0, 1):
+        jobdir.write_json(jobdir.rank_info(d, rank), {"rank": rank, "world": 2, "pid": os.getpid(),
+                                                      "start": None, "host": socket.gethostname(), "backend": "gloo"})
+        with open(jobdir.journal(d, rank), "w") as f:
+            f.write("E\tdefault\t1\tall_reduce\t0\t0.1\t[2]\tfloat32\t1\t/w/train.py:9\n")
+    original = LocalRank.exit_report
+
+    def exit_report(source):
+        if source.rank == 1 and not os.path.exists(jobdir.exit_record(d, 1)):
+            with open(jobdir.journal(d, 1), "a") as f:   # what rank 1 wrote just before its record
+                f.write("C\tdefault\t1\t0.15\n")
+            with open(jobdir.exit_record(d, 1), "w") as f:
+                f.write(RankReport(1, RankState.PASSED).to_json())
+        return original(source)   # found in the same tick, after this tick's read of the journal
+
+    monitor = Monitor(d, timeout=60.0)
+    try:
+        for i in range(3):
+            assert monitor.poll(i * 0.05) is None      # both inside all_reduce #1
+        monkeypatch.setattr(LocalRank, "exit_report", exit_report)
+        reasons = [monitor.poll(0.2 + i * 0.05) for i in range(6)]
+    finally:
+        monitor.close()
+    assert monitor.ranks[1].state == RankState.PASSED
+    assert reasons == [None] * 6, reasons

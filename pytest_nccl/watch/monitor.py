@@ -251,6 +251,9 @@ class Monitor:
                     record = RankReport(f.rank, RankState.DEAD)
             if record is None:
                 continue
+            # its journal again: the lines it wrote before its exit record may have come after this
+            # tick's read (a rank that passed would look as if it left its last collective pending)
+            self._read(f)
             _debug(f"rank {f.rank} finished: {record.state}")
             f.exit = record
             f.state = record.state if record.state in (RankState.PASSED, RankState.FAILED) else RankState.DEAD
