@@ -93,6 +93,9 @@ class Nodes:
         if rank not in self._published_exits:
             report = self.ended(rank)
             if report is not None:
+                # what the rank wrote before its exit record may have come after the read above: the
+                # other watches get the whole journal before they hear it finished
+                self.channel.push(rank, reader.read())
                 self.channel.publish_exit(report)
                 self._published_exits.add(rank)
 
