@@ -125,3 +125,11 @@ def test_shm_files_are_found_open_and_mapped_and_only_those_are_removed(tmp_path
             mapped.unlink()
         except FileNotFoundError:
             pass
+
+
+def test_the_loops_note_is_due_every_note_every_seconds_on_the_watchs_clock(tmp_path):
+    from pytest_nccl.watch.leftovers import NOTE_EVERY, ShmFiles
+    shm = ShmFiles(str(tmp_path))
+    assert shm.due(100.0)                                   # the first tick notes
+    assert not shm.due(100.0 + NOTE_EVERY / 2)
+    assert shm.due(100.0 + NOTE_EVERY) and not shm.due(100.0 + NOTE_EVERY * 1.5)

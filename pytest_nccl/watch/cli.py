@@ -33,7 +33,6 @@ from ..core.reports import CallOutcome
 from ..core.sites import headline_site
 from ..core.states import Reason
 from . import control, jobdir, present, stragglers
-from .leftovers import NOTE_EVERY
 from .monitor import Monitor
 from .outcome import (  # noqa: F401  (the statuses, named where they were)
     EXIT_DIAGNOSED,
@@ -240,7 +239,7 @@ class Watch:
 
     # -- the loop ---------------------------------------------------------------------------------------
     def _loop(self, launcher, signals: _Signals) -> int:
-        next_reap = next_note = 0.0
+        next_reap = 0.0
         while True:
             if signals.got is not None:
                 say(f"{PROG}: got {signal.Signals(signals.got).name}: ending the job")
@@ -256,11 +255,7 @@ class Watch:
             if now >= next_reap:
                 control.reap(launcher)
                 next_reap = now + 1.0
-            if now >= next_note:
-                # often: a rank that aborts right after it made its /dev/shm files (DeepSpeed's buffers)
-                # takes its launcher's other ranks down with it within a second, before a 1 s note
-                control.note_shm()
-                next_note = now + NOTE_EVERY
+            control.note_shm(now)
             wake = self.monitor.wake_at(now) if not (self.kept or self.attempt_done) else now + 0.2
             time.sleep(min(0.2, max(0.02, wake - time.monotonic())))
         return self._ended(launcher)

@@ -43,10 +43,13 @@ def guard(directory: str) -> Guardian:
     return _Guarded.guardian
 
 
-def note_shm() -> None:
-    """Note the /dev/shm files the job's processes have open now (every ``NOTE_EVERY`` s, and before ending it)."""
-    if _Guarded.shm is not None:
-        _Guarded.shm.note(descendants())
+def note_shm(now: float | None = None) -> None:
+    """Note the /dev/shm files the job's processes have open now: at once (before ending the job), or
+    from the watch's loop (``now``) when ``NOTE_EVERY`` s passed since the last such note."""
+    shm = _Guarded.shm
+    if shm is None or (now is not None and not shm.due(now)):
+        return
+    shm.note(descendants())
 
 
 def _ending() -> None:

@@ -23,7 +23,10 @@ import sys
 
 SHM = "/dev/shm/"
 NOTED = "shm-files"          # in the job's directory: the /dev/shm files noted, one a line
-NOTE_EVERY = 0.25            # seconds between two notes while the job runs (a scan of /proc)
+# seconds between two notes while the job runs (a scan of /proc): often, because a rank that aborts
+# right after it made its files (DeepSpeed's buffers) takes its launcher's other ranks down with it
+# within a second
+NOTE_EVERY = 0.25
 GUARDIAN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guardian.py")
 
 
@@ -59,6 +62,14 @@ class ShmFiles:
     def __init__(self, directory: str):
         self.path = os.path.join(directory, NOTED)
         self.seen: set[str] = set()
+        self.next_note = 0.0         # the watch's clock: when its loop notes next
+
+    def due(self, now: float) -> bool:
+        """The loop's note is due (a scan of /proc every ``NOTE_EVERY`` s, not every tick)."""
+        if now < self.next_note:
+            return False
+        self.next_note = now + NOTE_EVERY
+        return True
 
     def note(self, pids) -> None:
         new = shm_files(pids) - self.seen
