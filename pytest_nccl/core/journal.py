@@ -21,6 +21,9 @@ nanoseconds written "<ns>e-9" (the tracer's hot path: cheaper to format); both r
 A synchronous collective's C line may come with the next line the rank writes (at most
 ``trace_core.FLUSH_EVERY`` later): lines are matched by (pg, seq), never by their order.
 
+``<site>`` may end in "\x1f<thread name>": the collective was issued by a thread other than the
+rank's main one (the record's ``thread``).
+
 ``<args>`` (format v2; absent in v1 journals, which still read) is what every rank must agree on,
 space-separated ``key=value`` items, each optional:
 
@@ -50,6 +53,8 @@ from __future__ import annotations
 import os
 
 from .records import P2P, CollectiveRecord
+
+THREAD_MARK = "\x1f"  # ends a site, before the issuing thread's name (rank/trace_sites.py writes it)
 from .states import RecordState, Source
 
 
@@ -109,10 +114,12 @@ def _apply_detail(rec: CollectiveRecord, text: str) -> None:
 
 def _entered(fields: list, rank: int, with_args: bool = True) -> CollectiveRecord:
     """The record of an E or O line (at least 10 fields); ``with_args``: read an E line's <args>."""
+    site, _, thread = fields[9].partition(THREAD_MARK)
     rec = CollectiveRecord(
         rank=rank, pg=fields[1], seq=int(fields[2]), op=fields[3], async_op=fields[4] == "1",
         t_start=float(fields[5]), shapes=fields[6], dtype=fields[7],
-        fr_seq=int(fields[8]) if fields[8] not in ("", "None") else None, site=fields[9], state=RecordState.ENTERED)
+        fr_seq=int(fields[8]) if fields[8] not in ("", "None") else None, site=site, thread=thread,
+        state=RecordState.ENTERED)
     if fields[0] == "O":
         rec.source = Source.OUTSIDE
         if len(fields) > 10 and fields[10]:

@@ -43,6 +43,7 @@ class CollectiveRecord:
     dtype: str = ""
     async_op: bool = False
     site: str = ""          # "file:line <- file:line", first frames outside torch and pytest_nccl
+    thread: str = ""        # the issuing thread's name; "": the rank's main thread
     state: RecordState = RecordState.ENTERED
     t_start: float = 0.0    # seconds since the call started
     duration: float | None = None

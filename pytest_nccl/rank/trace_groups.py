@@ -25,7 +25,7 @@ from ..core.sites import is_ours
 from . import trace_core as core
 from .trace_args import global_text, split_text
 from .trace_core import describe, local
-from .trace_sites import _TORCH_DIR, call_site
+from .trace_sites import _TORCH_DIR, call_site, thread_mark
 
 _ABSENT = object()
 
@@ -113,7 +113,8 @@ def _method(method: str, real, record: str, contributed: int, arguments, p2p: bo
             return real(self, *args, **kwargs)
         split = record == "all_to_all_single"
         fields = core.call_fields(g, record, shapes, dtype, extra, agreed=not (p2p or split))
-        label, seq = core.enter(trace, g, record, True, fields, p2p, call_site(sys._getframe(1)))
+        label, seq = core.enter(trace, g, record, True, fields, p2p,
+                                call_site(sys._getframe(1)) + thread_mark())
         if split:
             if g.splits is None:
                 g.splits = []

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 import sysconfig
+import threading
 
 import torch
 
+from ..core.journal import THREAD_MARK
 from ..core.sites import is_ours, relay_package
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -37,6 +39,20 @@ def _run_node_code():
 
 
 _RUN_NODE = _run_node_code()
+
+
+# A collective issued by a thread other than the process's main one: "<site><THREAD_MARK><thread
+# name>" (core/journal.py). Two threads issuing on one group race, in an order that differs per
+# rank; the headline names them.
+_MAIN_THREAD = threading.main_thread().ident
+
+
+def thread_mark() -> str:
+    """"" on the main thread; else the mark and the current thread's name (tabs and line ends go)."""
+    if threading.get_ident() == _MAIN_THREAD:
+        return ""
+    name = threading.current_thread().name
+    return THREAD_MARK + name.replace("\t", " ").replace("\n", " ").replace(THREAD_MARK, " ")
 
 
 _USER, _INTERNAL, _GRAPH, _BOUNDARY, _RELAY = 0, 1, 2, 3, 4
@@ -146,7 +162,8 @@ def site_of(trace, frame) -> bytes:
         return b""
     if frame.f_code is _RUN_NODE:  # one frame per node, all from the same line: nothing to remember
         chain = call_site(frame)
-        return _site_bytes.get(chain) or chain.encode()
+        mark = thread_mark()
+        return (chain + mark).encode() if mark else _site_bytes.get(chain) or chain.encode()
     back = frame.f_back
     if frame is trace.site_frame and frame.f_lasti == trace.site_lasti and back is trace.site_back:
         return trace.site_text
@@ -164,6 +181,9 @@ def site_of(trace, frame) -> bytes:
             text = chain.encode()
             if len(_site_bytes) < 100_000:
                 _site_bytes[chain] = text
+        mark = thread_mark()  # remembered with the frame below: a live frame runs in one thread
+        if mark:
+            text += mark.encode()
         if back is not None and (key in trace.sites or len(trace.sites) < SITES_KEPT):  # keeps a frame alive
             trace.sites[key] = (back, back.f_lasti, back.f_back, text)
     trace.site_frame, trace.site_back, trace.site_lasti, trace.site_text = frame, back, frame.f_lasti, text

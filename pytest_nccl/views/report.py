@@ -108,7 +108,7 @@ def format_divergence(diagnosis: Diagnosis) -> str:
                      f"{'async ' if rec.async_op else ''}{rec.state}"
                      f"{'' if rec.duration is None else f' in {rec.duration * 1000:.1f} ms'}")
         if rec.site:
-            lines.append(f"          at {short_site(rec.site, 4)}")
+            lines.append(f"          at {short_site(rec.site, 4)}{f' (thread {rec.thread})' if rec.thread else ''}")
     for r in div.absent:
         lines.append(f"  rank {r}: never entered it")
     return "\n".join(lines)

@@ -175,6 +175,7 @@ def _mismatch(div: Divergence, ranks: list[RankView]) -> Diagnosis:
         consequences.append("the backend completed it without an error: its result is wrong")
     if consequences:
         what += "; " + "; ".join(consequences)
+    what += _threads_race(recs, views, div.pg)
     if not odd:  # the rank(s) whose value differs from the majority
         values: dict = {}
         for r, rec in recs.items():
@@ -191,6 +192,21 @@ def _other_sites(recs: dict, first_site: str) -> str:
         by_site.setdefault(headline_site(rec.site), []).append(r)
     return "".join(f"; {rank_list(rs)} from {s}" for s, rs in list(by_site.items())[:SHOWN_VALUES]
                    if s and s != first_site)
+
+
+def _threads_race(recs: dict, views: dict, pg: str) -> str:
+    """'; two threads of a rank issue collectives on group default, ...': the diverging collectives
+    came from different threads, and a rank issued on this group from more than one: the threads
+    race, and their collectives reach the group in an order that differs per rank (verl's async
+    trainer, PR#7423). Ranks that each issue from one thread of their own name: not a race."""
+    if len({rec.thread for rec in recs.values()}) < 2:
+        return ""
+    if not any(len({rec.thread for rec in views[r].records_in(pg)}) > 1 for r in recs if r in views):
+        return ""
+    threads = grouped({r: f"from thread {rec.thread}" if rec.thread else "from its main thread"
+                       for r, rec in recs.items()})
+    return (f"; two threads of a rank issue collectives on group {pg}, in an order that differs per rank: "
+            f"{threads}")
 
 
 _LEAVING = {RankState.DEAD: 0, RankState.FAILED: 1}
