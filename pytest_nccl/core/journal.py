@@ -53,9 +53,9 @@ from __future__ import annotations
 import os
 
 from .records import P2P, CollectiveRecord
+from .states import RecordState, Source
 
 THREAD_MARK = "\x1f"  # ends a site, before the issuing thread's name (rank/trace_sites.py writes it)
-from .states import RecordState, Source
 
 
 class JournalWriter:
