@@ -280,6 +280,12 @@ def _store(host: str, port: int, timeout: float, server: bool = False):
         return None
 
 
+def announcement_key(job: str) -> str:
+    """The key, in the job's store, under which the watch of rank 0's node announces the channel
+    (``job``: "<run id>/<attempt>")."""
+    return f"{PREFIX}/{job}/channel"
+
+
 def connect(info: RankInfo, decides: Callable[[], bool], timeout: float = 5.0,
             wait: float = CONNECT_WAIT) -> Channel | None:
     """The channel between the watches of the job a rank belongs to (``info``: its rank-R.json).
@@ -293,7 +299,7 @@ def connect(info: RankInfo, decides: Callable[[], bool], timeout: float = 5.0,
     if not host or not port:
         return None
     job = f"{info.run_id or 'job'}/{info.attempt or 0}"
-    key = f"{PREFIX}/{job}/channel"
+    key = announcement_key(job)
     deadline = time.monotonic() + wait
     job_store, server = None, None
     while time.monotonic() < deadline:
