@@ -69,7 +69,7 @@ def after_torch() -> None:
         tracer.install()
         _wrap_init_process_group()
         from . import sidegroups
-        sidegroups.install()
+        sidegroups.install(_note_joining, _unlink)
         _when_imported(ELASTIC_AGENT, _wrap_rendezvous)
         from . import fold
         _when_imported(fold.SIGNAL_EXCEPTION, fold.install)  # torchrun's traceback of our SIGTERM

@@ -26,14 +26,21 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Callable
 
 from . import jobdir
-from .inject import WRAPPED, _note_joining, _unlink
 
 WHAT = "group"  # JoiningNote.what of a side group's member (outcome.Waits.GROUP)
+WRAPPED = "_pytest_nccl_watch"  # inject.WRAPPED: never wrapped twice
+# inject.py's, given to ``install`` (this module is inject's: it does not import it back)
+_note_joining: Callable[..., str | None] = lambda **kwargs: None  # noqa: E731
+_unlink: Callable[[str | None], None] = lambda path: None  # noqa: E731
 
 
-def install() -> None:
+def install(note_joining: Callable[..., str | None], unlink: Callable[[str | None], None]) -> None:
+    """Wrap the three ways in; ``note_joining``/``unlink`` write and remove a ``joining-PID.json``."""
+    global _note_joining, _unlink
+    _note_joining, _unlink = note_joining, unlink
     import torch._C._distributed_c10d as C
     import torch.distributed.distributed_c10d as c10d
 
