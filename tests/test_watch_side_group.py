@@ -73,8 +73,8 @@ def openrlhf_python() -> str | None:
     return sys.executable if importlib.util.find_spec("openrlhf") is not None else None
 
 
-def watch_job(tmp_path: Path, case: str, how: str, python: str):
-    return run_watch(tmp_path, [python, str(JOB), case, how, str(free_port())], "--timeout", str(TIMEOUT),
+def watch_job(tmp_path: Path, case: str, how: str, python: str, *extra: str):
+    return run_watch(tmp_path, [python, str(JOB), case, how, str(free_port()), *extra], "--timeout", str(TIMEOUT),
                      python=python, inherit_pythonpath=python == sys.executable)
 
 
@@ -100,10 +100,13 @@ def assert_untouched(run) -> None:
     assert run.summary is not None and run.summary["exit_code"] == 0 and not run.summary["peers_missing"]
 
 
-def test_plain_torch_side_group_with_a_missing_member_is_named(tmp_path):
+@pytest.mark.parametrize("trainer", ["engines-only", "trainer-group"])
+def test_plain_torch_side_group_with_a_missing_member_is_named(tmp_path, trainer):
+    """``trainer-group``: the trainer's rank 0 is a rank of a default group too (OpenRLHF's trainer
+    is, of its DeepSpeed group): the side group is followed beside it."""
     import time
 
-    run = watch_job(tmp_path, "bad", "torch", sys.executable)
+    run = watch_job(tmp_path, "bad", "torch", sys.executable, *([trainer] if trainer == "trainer-group" else []))
     line = line_in(JOB, "store, rank, world = next(dist.rendezvous(")
     assert_named(run, "weight-sync", f"{JOB}:{line}", time.time())
 

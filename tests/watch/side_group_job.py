@@ -2,13 +2,15 @@
 inference engines (``multiprocessing`` children) create a group of their own over a ``tcp://``
 rendezvous; none of them creates a default process group. The trainer broadcasts its weights.
 
-    python side_group_job.py good|bad openrlhf|torch PORT
+    python side_group_job.py good|bad openrlhf|torch PORT [trainer-group]
 
 - ``openrlhf``: OpenRLHF's own ``openrlhf.utils.distributed_util.init_process_group`` (loaded from
   its file: the package's ``__init__`` imports its whole trainer stack), group "openrlhf".
 - ``torch``: what it does, in plain torch (no ``_new_process_group_helper``): torch's
   ``rendezvous``, a ``PrefixStore`` and ``ProcessGroupGloo``, group "weight-sync".
 - ``bad``: the last engine never joins (it started, and is busy elsewhere when the others wait).
+- ``trainer-group``: the trainer's rank 0 is a rank of a default group too (of one, here), as
+  OpenRLHF's trainer is of its DeepSpeed group.
 """
 
 import datetime
@@ -72,6 +74,9 @@ def main() -> int:
         p.start()
     for _ in engines:
         ready.get(timeout=300)
+    if sys.argv[4:] == ["trainer-group"]:
+        torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+        torch.distributed.barrier()
     print(f"trainer waits from {time.time():.3f}", flush=True)
     member(how, 0, port)
     for p in engines:
