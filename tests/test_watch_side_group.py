@@ -88,7 +88,8 @@ def assert_named(run, group: str, site: str, ended_at: float) -> None:
     assert f"member 3 never connected (the others waited {TIMEOUT} s, --timeout: 0: pid " in run.stderr, run.stderr
     assert f"created at {site}" in run.stderr, run.stderr
     s = run.summary
-    assert s is not None and s["exit_code"] == 3 and s["ended_by_watch"] and "never connected" in s["peers_missing"]
+    assert s is not None and s["exit_code"] == 3 and s["ended_by_watch"] and s["verdict"], s
+    assert s["headline"] == s["peers_missing"] and s["headline"].startswith(f"group {group}: 3 of 4"), s
     # named within --timeout of the trainer waiting, with a wide margin (start-up, a loaded host)
     assert ended_at - waited_from(run) < TIMEOUT + 30, (ended_at, waited_from(run))
 
@@ -97,7 +98,8 @@ def assert_untouched(run) -> None:
     assert run.code == 0, run.text
     assert "never connected" not in run.stderr and "=====" not in run.stderr, run.stderr
     assert run.stdout.count("synced") == 4, run.text
-    assert run.summary is not None and run.summary["exit_code"] == 0 and not run.summary["peers_missing"]
+    s = run.summary
+    assert s is not None and s["exit_code"] == 0 and not s["peers_missing"] and not s["verdict"], s
 
 
 @pytest.mark.parametrize("trainer", ["engines-only", "trainer-group"])

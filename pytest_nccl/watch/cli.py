@@ -397,7 +397,8 @@ class Watch:
                                    command=self.command, timeout=self.args.timeout,
                                    ended_by_watch=self.ended_by_watch, trace_files=self.trace_files,
                                    restart=self.attempt, earlier=[(a.restart, f) for a, f in self.earlier],
-                                   peers_missing=self.peers_missing or None, watched=self._watched())
+                                   peers_missing=self.peers_missing or None, watched=self._watched(),
+                                   side_group_missing=self.side_group_missing)
             text = stragglers.with_stragglers(text, found)
             try:
                 with open(self.args.json, "w") as f:
