@@ -46,6 +46,7 @@ from .outcome import (  # noqa: F401  (the statuses, named where they were)
     no_rank_line,
     on_verdict,
     peers_line,
+    side_group_verdict,
     waited_for_peers,
 )
 from .timing import TIMING
@@ -179,6 +180,7 @@ class Watch:
         self.earlier: list = []         # verdicts of earlier attempts, reported as they came
         self.joining: dict = {}         # pid -> Joining, of the attempt followed
         self.peers_missing = ""
+        self.side_group_missing = False  # ... members of a side group that never connected: a verdict
 
     def run(self) -> int:
         control.become_subreaper()
@@ -300,7 +302,7 @@ class Watch:
             if ended is not None:
                 self._report_attempt(ended, self._attempt())
             self.attempt_done = True
-        elif monitor.referee is None and self._peers_never_appeared(now):
+        elif self._peers_never_appeared(now):  # a side group's members are followed beside the ranks
             say(f"{PROG}: {self.peers_missing}")
             self._end_job(launcher)
             self.ended_by_watch = True
@@ -321,13 +323,14 @@ class Watch:
                 pid = note.pid or 0
                 if jobdir.process_start(pid) != note.start:
                     continue  # gone
-                seen = self.joining.get(pid)
-                waits = Waits.RENDEZVOUS if note.what == Waits.RENDEZVOUS.value else Waits.INIT
-                present[pid] = seen or Joining(pid, now, note.rank, note.world, headline_site(note.site), waits)
+                site = headline_site(note.site)
+                present[pid] = self.joining.get(pid) or Joining(pid, now, note.rank, note.world, site,
+                                                                Waits.of(note.what), note.group, note.store)
         self.joining = present
         waiting = waited_for_peers(list(present.values()), len(self.monitor.ranks), now, self.args.timeout)
         if waiting:
             self.peers_missing = peers_line(waiting, self.args.timeout)
+            self.side_group_missing = side_group_verdict(waiting)
         return bool(waiting)
 
     def _ended(self, launcher) -> int:
@@ -354,11 +357,12 @@ class Watch:
                 say(f"{PROG}: {rank_list(self.monitor.unseen())} (on another node) could not be followed to "
                     "the end: the channel to that node's watch ended; this node's ranks ended cleanly")
             elif self.monitor.referee is None and not self.earlier:
-                torch_processes = sum(1 for n in _listdir(self.dir) if n.startswith("torch-"))
-                say(f"{PROG}: {no_rank_line(torch_processes)}")
+                count = [n.split("-", 1)[0] for n in _listdir(self.dir)].count
+                say(f"{PROG}: {no_rank_line(count('torch'), members=count('member'))}")
         if control.descendants():  # processes that outlived the launcher
             control.end(launcher, 2.0)
-        code = exit_status(verdict=self.finding is not None, kept_running=self.kept, job_status=job_code)
+        code = exit_status(verdict=self.finding is not None or self.side_group_missing, kept_running=self.kept,
+                           job_status=job_code)
         return self._done(code, launcher.returncode)
 
     def _report(self, finding, title: str | None = None) -> None:
@@ -393,7 +397,8 @@ class Watch:
                                    command=self.command, timeout=self.args.timeout,
                                    ended_by_watch=self.ended_by_watch, trace_files=self.trace_files,
                                    restart=self.attempt, earlier=[(a.restart, f) for a, f in self.earlier],
-                                   peers_missing=self.peers_missing or None, watched=self._watched())
+                                   peers_missing=self.peers_missing or None, watched=self._watched(),
+                                   side_group_missing=self.side_group_missing)
             text = stragglers.with_stragglers(text, found)
             try:
                 with open(self.args.json, "w") as f:

@@ -68,6 +68,8 @@ def after_torch() -> None:
         _wrap_sys_exit()
         tracer.install()
         _wrap_init_process_group()
+        from . import sidegroups
+        sidegroups.install(_note_joining, _unlink)
         _when_imported(ELASTIC_AGENT, _wrap_rendezvous)
         from . import fold
         _when_imported(fold.SIGNAL_EXCEPTION, fold.install)  # torchrun's traceback of our SIGTERM
@@ -231,7 +233,7 @@ def _joining(real, args, kwargs, frame) -> str | None:
         return None
 
 
-def _note_joining(*, rank, world, site: str, what: str) -> str | None:
+def _note_joining(*, rank, world, site: str, what: str, group: str = "", store: str = "") -> str | None:
     """``joining-PID.json`` in this attempt's directory; its path (removed once the wait is over)."""
     try:
         import socket
@@ -244,7 +246,7 @@ def _note_joining(*, rank, world, site: str, what: str) -> str | None:
         jobdir.write_json(path, jobdir.JoiningNote(
             pid=os.getpid(), start=jobdir.process_start(os.getpid()), host=socket.gethostname(), t=time.time(),
             rank=jobdir.int_or(rank), world=jobdir.int_or(world), site=site, what=what,
-            local_world=jobdir.int_or(env.get("LOCAL_WORLD_SIZE"))).to_dict())
+            local_world=jobdir.int_or(env.get("LOCAL_WORLD_SIZE")), group=group, store=store).to_dict())
         return path
     except Exception:  # a note for the watch, never an error of the user's call
         return None

@@ -8,7 +8,9 @@ In ``$PYTEST_NCCL_WATCH_DIR`` (a private directory the watch creates per job):
 and in the directory of each of the launcher's attempts (``attempt_dir``: the job directory for the
 first, ``restart-N/`` for torchrun's N-th restart), per process PID and rank R:
 
-    joining-PID.json while PID waits in ``init_process_group``: where, rank and world when known
+    joining-PID.json while PID waits in ``init_process_group``: where, rank and world when known;
+                     or in a side group's creation (``what`` "group": its name and store too)
+    member-PID       empty: PID created a side group (a group outside ``init_process_group``)
 
     journal-R.txt    the tracer's journal (journal.py), from the moment the default group exists;
                      rotated to journal-R.txt.1 past ``segment_bytes()`` (the last segment is kept)
@@ -85,6 +87,10 @@ def ending(directory: str) -> str:
 
 def joining(directory: str, pid: int) -> str:
     return os.path.join(directory, f"joining-{pid}.json")
+
+
+def member(directory: str, pid: int) -> str:
+    return os.path.join(directory, f"member-{pid}")
 
 
 def journal(directory: str, rank: int) -> str:
@@ -188,8 +194,10 @@ class RankInfo:
 
 @dataclass
 class JoiningNote:
-    """``joining-PID.json``: a process waiting in ``init_process_group`` (``what``), or for its peers
-    in a launcher's rendezvous ("rendezvous": ``rank``/``world`` count nodes then)."""
+    """``joining-PID.json``: a process waiting in ``init_process_group`` (``what``), for its peers
+    in a launcher's rendezvous ("rendezvous": ``rank``/``world`` count nodes then), or for the other
+    members of a side group ("group": ``rank``/``world`` in that group, ``group`` its name, ``store``
+    its store's host:port)."""
 
     pid: int | None = None
     start: int | None = None         # ``process_start(pid)``
@@ -200,6 +208,8 @@ class JoiningNote:
     site: str = ""
     what: str = ""
     local_world: int | None = None
+    group: str = ""
+    store: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -222,7 +232,7 @@ def _decode(cls, data, ints: tuple, optional: tuple):
     for name in optional:
         if name in values:
             values[name] = int_or(values[name])
-    for name in ("host", "backend", "site", "what"):
+    for name in ("host", "backend", "site", "what", "group", "store"):
         if name in values and values[name] is None:
             values[name] = ""
     return cls(**values)

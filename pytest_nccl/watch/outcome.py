@@ -10,7 +10,9 @@ Pure (no processes, no files): tested on data.
   4 for a verdict with ``--keep-running``, else the launcher's own.
 - ``waited_for_peers``: processes that have waited in ``init_process_group`` (or a launcher's
   rendezvous) for ``timeout`` seconds while no process of the attempt created its group: peers
-  that never appeared.
+  that never appeared; or members of a side group (one created outside ``init_process_group``:
+  OpenRLHF's weight-sync group) that waited ``timeout`` seconds for members that never connected,
+  whether or not a default group exists: a verdict (``side_group_verdict``).
 - ``no_rank_line``: the one line for a job in which no process created a default group.
 """
 
@@ -68,6 +70,12 @@ class Waits(enum.Enum):
     """Where a joining process waits for its peers."""
     INIT = "init_process_group"
     RENDEZVOUS = "rendezvous"        # torchrun's agent, for the other nodes (no worker started yet)
+    GROUP = "group"                  # a side group's creation (rendezvous, process group helper, backend)
+
+    @classmethod
+    def of(cls, what: str) -> "Waits":
+        """The wait a ``JoiningNote.what`` names; ``init_process_group`` for any other text."""
+        return next((w for w in cls if w.value == what), cls.INIT)
 
 
 @dataclass(frozen=True)
@@ -80,16 +88,59 @@ class Joining:
     world: int | None = None
     site: str = ""
     waits: Waits = Waits.INIT
+    group: str = ""        # a side group: its name, else its store's address
+    store: str = ""        # ... its store's host:port
 
 
 def waited_for_peers(joining: list, ranks_seen: int, now: float, timeout: float) -> list:
     """The joining processes, when one has waited ``timeout`` seconds while no process of the
-    attempt has a group yet (empty: keep waiting)."""
+    attempt has a group yet (empty: keep waiting); first, the members of a side group that have
+    waited ``timeout`` seconds for members that never connected."""
+    side = _side_group_waiting([j for j in joining if j.waits == Waits.GROUP], now, timeout)
+    if side:
+        return side
+    joining = [j for j in joining if j.waits != Waits.GROUP]
     if ranks_seen or not joining:
         return []
     if min(j.since for j in joining) + timeout > now:
         return []
     return sorted(joining, key=lambda j: (j.waits != Waits.INIT, j.rank is None, j.rank or 0, j.pid))
+
+
+def _side_group_waiting(members: list, now: float, timeout: float) -> list:
+    """The waiting members of the first side group (by its store) that has waited ``timeout``
+    seconds with fewer members than its size: the others never connected. A member of unknown
+    rank or size says nothing (a complete group is only slow to create)."""
+    groups: dict = {}
+    for j in members:
+        if j.rank is not None and j.world:
+            groups.setdefault(j.store or j.group, []).append(j)
+    for key in sorted(groups):
+        waiting = groups[key]
+        if len({j.rank for j in waiting}) < waiting[0].world and min(j.since for j in waiting) + timeout <= now:
+            return sorted(waiting, key=lambda j: (j.rank, j.pid))
+    return []
+
+
+def side_group_verdict(waiting: list) -> bool:
+    """Members of a side group waited for members that never connected: the job's verdict (exit 3);
+    peers of the default group that never appeared are not (the launcher's status stands)."""
+    return bool(waiting) and waiting[0].waits == Waits.GROUP
+
+
+def _side_group_line(waiting: list, timeout: float) -> str:
+    first = waiting[0]
+    world = first.world or 0
+    joined = sorted({j.rank for j in waiting if j.rank is not None})
+    never = [r for r in range(world) if r not in joined]
+    shown = ",".join(map(str, never[:8])) + (",..." if len(never) > 8 else "")
+    name = first.group or next((j.group for j in waiting if j.group), "") or "(unnamed)"
+    store = f" (store {first.store})" if first.store else ""
+    site = next((j.site for j in waiting if j.site), "")
+    where = f"; created at {site}" if site else ""
+    pids = ", ".join(f"{j.rank}: pid {j.pid}" for j in waiting[:8])
+    return (f"group {name}: {len(joined)} of {world} members joined{store}; member{'s' if len(never) > 1 else ''} "
+            f"{shown} never connected (the others waited {timeout:g} s, --timeout: {pids}){where}; ending the job")
 
 
 def _missing(waiting: list, noun: str) -> str:
@@ -105,7 +156,9 @@ def _missing(waiting: list, noun: str) -> str:
 
 
 def peers_line(waiting: list, timeout: float) -> str:
-    """The one line for peers that never appeared."""
+    """The one line for peers that never appeared (or side group members that never connected)."""
+    if side_group_verdict(waiting):
+        return _side_group_line(waiting, timeout)
     ranks = [j for j in waiting if j.waits == Waits.INIT]
     if ranks:
         first = ranks[0]
@@ -123,8 +176,13 @@ def peers_line(waiting: list, timeout: float) -> str:
             "MASTER_ADDR/MASTER_PORT); ending the job")
 
 
-def no_rank_line(torch_processes: int) -> str:
-    """No process created a default process group and the job ended."""
+def no_rank_line(torch_processes: int, members: int = 0) -> str:
+    """No process created a default process group and the job ended (``members`` of them created
+    side groups, whose creation the watch followed)."""
+    if members:
+        return (f"{members} process{'es' if members > 1 else ''} created groups outside init_process_group "
+                "(side groups) and none a default process group: their creation was followed, their "
+                "collectives were not")
     if torch_processes == 0:
         return ("not a distributed job: no process of it imported torch (or its Python ran with -S, -I "
                 "or -E, which skip the start-up hook); nothing was watched")

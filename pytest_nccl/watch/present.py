@@ -49,20 +49,23 @@ def write_trace(directory: str, finding: CallOutcome, on_view_error: Callable[[s
 
 def summary(finding: CallOutcome | None, *, exit_code: int, job_exit_code, command: list, timeout: float,
             ended_by_watch: bool, trace_files: list, restart: int = 0, earlier: tuple | list = (),
-            peers_missing: str | None = None, watched: dict | None = None) -> str:
+            peers_missing: str | None = None, watched: dict | None = None, side_group_missing: bool = False) -> str:
     """The ``--json`` document: the same whether or not there was a verdict. ``verdict``: the exit
     status is 3 (or 4) for it; ``post_mortem``: the job ended before the watch concluded (the
     launcher's own status is ``job_exit_code``); ``restart``: the launcher's attempt it belongs to;
     ``earlier_attempts``: the verdicts of the attempts the launcher restarted; ``watched``: the
-    ranks of the last attempt and the collectives each entered (rank -> count)."""
+    ranks of the last attempt and the collectives each entered (rank -> count). Members of a side
+    group that never connected (``side_group_missing``) are a verdict too: ``peers_missing`` is its
+    headline."""
     diag = finding.diagnosis if finding is not None else None
+    side = side_group_missing and diag is None
     return json.dumps({
-        "verdict": diag is not None,
+        "verdict": diag is not None or side,
         "post_mortem": finding is not None and diag is not None and finding.reason == Reason.COMPLETED,
         "exit_code": exit_code, "job_exit_code": job_exit_code, "ended_by_watch": ended_by_watch,
         "command": command, "timeout_s": timeout,
         "reason": None if finding is None else str(finding.reason),
-        "kind": diag.kind if diag else None, "headline": diag.headline if diag else None,
+        "kind": diag.kind if diag else None, "headline": diag.headline if diag else (peers_missing if side else None),
         "ranks": diag.ranks if diag else [], "group": diag.pg if diag else None,
         "seq": diag.seq if diag else None, "exception": diag.exception_name if diag else None,
         "world": None if finding is None else len(finding.views),
