@@ -29,9 +29,10 @@ from pytest_nccl.core.referee import TIMING, Referee
 from pytest_nccl.core.reports import RankReport
 from pytest_nccl.core.states import RankState, Reason
 from pytest_nccl.watch import jobdir, present
-from pytest_nccl.watch.cli import EXIT_DIAGNOSED, EXIT_DIAGNOSED_KEPT, EXIT_USAGE, main
+from pytest_nccl.watch.cli import EXIT_DIAGNOSED, EXIT_USAGE, main
 from pytest_nccl.watch.follow import JournalFile
 from pytest_nccl.watch.monitor import Monitor
+from pytest_nccl.watch.outcome import EXIT_DIAGNOSED_KEPT
 from pytest_nccl.watch.window import KEEP
 
 REPO = Path(__file__).resolve().parents[1]

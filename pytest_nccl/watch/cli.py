@@ -30,17 +30,14 @@ import time
 
 from ..core.diagnosis.wording import rank_list
 from ..core.reports import CallOutcome
-from ..core.sites import headline_site
 from ..core.states import Reason
 from . import control, jobdir, present, stragglers
+from .joining import JoiningProcesses
 from .monitor import Monitor
-from .outcome import (  # noqa: F401  (the statuses, named where they were)
+from .outcome import (
     EXIT_DIAGNOSED,
-    EXIT_DIAGNOSED_KEPT,
     Action,
     Attempt,
-    Joining,
-    Waits,
     attempt_of,
     exit_status,
     no_rank_line,
@@ -178,7 +175,7 @@ class Watch:
         self.attempt = 0                # the launcher's attempt followed (its restart count)
         self.attempt_done = False       # ... has its verdict, or ended clean: wait for the next
         self.earlier: list = []         # verdicts of earlier attempts, reported as they came
-        self.joining: dict = {}         # pid -> Joining, of the attempt followed
+        self.joining = JoiningProcesses(jobdir.attempt_dir(self.dir, self.attempt))  # of the attempt followed
         self.peers_missing = ""
         self.side_group_missing = False  # ... members of a side group that never connected: a verdict
 
@@ -229,7 +226,8 @@ class Watch:
             if finding is not None:
                 self._report_attempt(finding, self._attempt())
         self.monitor.close()
-        self.attempt, self.attempt_done, self.joining = max(newer), False, {}
+        self.attempt, self.attempt_done = max(newer), False
+        self.joining = JoiningProcesses(jobdir.attempt_dir(self.dir, self.attempt))
         self.monitor = Monitor(jobdir.attempt_dir(self.dir, self.attempt), self.args.timeout)
         if not self.args.quiet:
             say(f"{PROG}: following the launcher's attempt {self.attempt + 1} (restart {self.attempt})")
@@ -313,21 +311,7 @@ class Watch:
         control.end(launcher, TIMING.job_term_wait)
 
     def _peers_never_appeared(self, now: float) -> bool:
-        directory = jobdir.attempt_dir(self.dir, self.attempt)
-        present = {}
-        for name in _listdir(directory):
-            if name.startswith("joining-") and name.endswith(".json"):
-                note = jobdir.read_joining(os.path.join(directory, name))
-                if note is None or note.host != socket.gethostname():
-                    continue
-                pid = note.pid or 0
-                if jobdir.process_start(pid) != note.start:
-                    continue  # gone
-                site = headline_site(note.site)
-                present[pid] = self.joining.get(pid) or Joining(pid, now, note.rank, note.world, site,
-                                                                Waits.of(note.what), note.group, note.store)
-        self.joining = present
-        waiting = waited_for_peers(list(present.values()), len(self.monitor.ranks), now, self.args.timeout)
+        waiting = waited_for_peers(self.joining.read(now), len(self.monitor.ranks), now, self.args.timeout)
         if waiting:
             self.peers_missing = peers_line(waiting, self.args.timeout)
             self.side_group_missing = side_group_verdict(waiting)

@@ -1,0 +1,45 @@
+"""The processes of one attempt that wait to join a group, as their ``joining-PID.json`` notes say
+(``jobdir.JoiningNote``): each one's ``outcome.Joining``, with the time the watch first saw it
+waiting, kept while its note is there and its process is the one that wrote it."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from ..core.sites import headline_site
+from . import jobdir
+from .outcome import Joining, Waits
+
+
+class JoiningProcesses:
+    """The waiting processes of one attempt's directory, read again on every ``read``."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        self.present: dict[int, Joining] = {}   # pid -> Joining, since first seen
+
+    def read(self, now: float) -> list[Joining]:
+        """The processes of this host waiting now; a note whose process is gone (or another one with
+        its pid) is not one."""
+        present = {}
+        for name in _listdir(self.directory):
+            if not (name.startswith("joining-") and name.endswith(".json")):
+                continue
+            note = jobdir.read_joining(os.path.join(self.directory, name))
+            if note is None or note.host != socket.gethostname():
+                continue
+            pid = note.pid or 0
+            if jobdir.process_start(pid) != note.start:
+                continue  # gone
+            present[pid] = self.present.get(pid) or Joining(pid, now, note.rank, note.world, headline_site(note.site),
+                                                            Waits.of(note.what), note.group, note.store)
+        self.present = present
+        return list(present.values())
+
+
+def _listdir(directory: str) -> list:
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return []
