@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The ends of the supported torch range (README "Support range"), each in a venv of its own: the
 # project's tests of the tracer, functional collectives, side groups, the watch's start-up hook,
-# SPMD and the fork server, then `pytest --nccl-world=2 suites/launch suites/modern`.
+# SPMD and the fork server, then `pytest --nccl-world=2 suites/launch suites/modern`; on an end before
+# torch 2.10, OpenRLHF 0.6.1's own weight-sync group (tests/test_openrlhf_group.py, test_watch_side_group.py).
 # .ci/run calls it with a smaller TORCH_ENDS_TESTS; TORCH_ENDS overrides the versions.
 # torch comes from PyPI (CUDA builds, ~4.6 GB installed, they run on CPU) or TORCH_INDEX_URL. A
 # machine whose pip configuration caps torch (/etc/xdg/pip's constraint file) is overridden through
@@ -30,6 +31,12 @@ for version in $ENDS; do
   t1=$(date +%s)
   PATH="$venv/bin:$PATH" python -m pytest -q -p no:cacheprovider "${SUBSET[@]}"
   PATH="$venv/bin:$PATH" python -m pytest --nccl-world=2 suites/launch suites/modern -q -p no:cacheprovider -rfEX
+  if "$venv/bin/python" -c "import sys, torch; sys.exit(tuple(int(p) for p in torch.__version__.split('+')[0].split('.')[:2]) >= (2, 10))"; then
+    # OpenRLHF 0.6.1's own weight-sync group (it runs on torch before 2.10; --no-deps: only its
+    # distributed_util.py is loaded), in a test and under the watch (docs/watch.md)
+    "$venv/bin/pip" install -q --no-cache-dir --no-deps openrlhf==0.6.1 2> >(grep -v '^WARNING: Location' >&2)
+    PATH="$venv/bin:$PATH" python -m pytest -q -p no:cacheprovider -rs tests/test_openrlhf_group.py tests/test_watch_side_group.py
+  fi
   echo "CI: torch $version: install $(( t1 - t0 )) s, tests $(( $(date +%s) - t1 )) s"
   rm -rf "$venv"  # ~5 GB each
 done
