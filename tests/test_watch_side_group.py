@@ -90,6 +90,7 @@ def assert_named(run, group: str, site: str, ended_at: float) -> None:
     s = run.summary
     assert s is not None and s["exit_code"] == 3 and s["ended_by_watch"] and s["verdict"], s
     assert s["headline"] == s["peers_missing"] and s["headline"].startswith(f"group {group}: 3 of 4"), s
+    assert s["kind"] == "rendezvous", s  # as a test's side group whose member never joined
     # named within --timeout of the trainer waiting, with a wide margin (start-up, a loaded host)
     assert ended_at - waited_from(run) < TIMEOUT + 30, (ended_at, waited_from(run))
 

@@ -14,7 +14,7 @@ from typing import Callable
 
 from ..core.diagnosis.wording import JOB
 from ..core.reports import CallOutcome
-from ..core.states import Reason
+from ..core.states import Kind, Reason
 from ..views import tracedir
 from ..views.report import report_text as views_report_text
 
@@ -65,7 +65,8 @@ def summary(finding: CallOutcome | None, *, exit_code: int, job_exit_code, comma
         "exit_code": exit_code, "job_exit_code": job_exit_code, "ended_by_watch": ended_by_watch,
         "command": command, "timeout_s": timeout,
         "reason": None if finding is None else str(finding.reason),
-        "kind": diag.kind if diag else None, "headline": diag.headline if diag else (peers_missing if side else None),
+        "kind": diag.kind if diag else (Kind.RENDEZVOUS if side else None),
+        "headline": diag.headline if diag else (peers_missing if side else None),
         "ranks": diag.ranks if diag else [], "group": diag.pg if diag else None,
         "seq": diag.seq if diag else None, "exception": diag.exception_name if diag else None,
         "world": None if finding is None else len(finding.views),
