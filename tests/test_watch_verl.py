@@ -53,7 +53,8 @@ def _ray_can_serialize() -> None:
     except ModuleNotFoundError:
         pass
     except ImportError as exc:
-        pytest.skip(f"Ray cannot serialize here: pyarrow does not import ({exc}); verl 0.7 needs pyarrow<22")
+        pytest.skip(f"Ray cannot serialize here: pyarrow does not import ({exc}); with verl 0.7's numpy<2, "
+                    "install pyarrow<26")
 
 
 def watch_driver(tmp_path, rows: str):
