@@ -66,7 +66,7 @@ SKIP_OK: dict[str, list[str]] = {
     "trl-0.15.1": ["test_grpo.py::*"],
     "trl-0.16.1": ["test_grpo.py::*"],
     "trl-0.17.0": ["test_grpo.py::*"],
-    "verl-0.9.1": ["test_dynamic_batching.py::*"],
+    "verl-0.9.1": ["test_dynamic_batching.py::*", "test_watch_verl.py::*"],
 }
 def _matches(test_id: str, pattern: str) -> bool:
     """Glob with ``*`` only (``[...]`` in a test id is literal, not a character class)."""

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Prove suites/verl on real verl releases, as .ci/trl_stacks.sh does for TRL: each stack gets its
-# own venv (cached), runs `pytest --nccl-world=2 suites/verl`, and .ci/check_stack_outcomes.py
-# asserts each test's documented outcome (0.7.1: CollectiveMismatch in verl's dp_actor.py; 0.7.0:
-# every test passes; 0.9.1: the legacy-actor tests skip, since 0.8.0 removed that actor).
+# own venv (cached), runs `pytest --nccl-world=2 suites/verl` and verl's own Ray worker group under
+# the watch (tests/test_watch_verl.py), and .ci/check_stack_outcomes.py asserts each test's
+# documented outcome (0.7.1: CollectiveMismatch in verl's dp_actor.py, the watch's verdict there;
+# 0.7.0: every test passes; 0.9.1: the legacy-actor tests skip, since 0.8.0 removed that actor).
 #
 #   .ci/verl_stacks.sh                # the default stacks (VERL_STACKS overrides: "verl-0.7.1")
 #   .ci/verl_stacks.sh verl-0.7.1     # just these
@@ -21,10 +22,13 @@ command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 TORCH_PIN=${VERL_STACKS_TORCH:-torch==2.13.0}
 RUN_TIMEOUT=${VERL_STACKS_RUN_TIMEOUT:-600}
 
-# verl 0.7.x imports AutoModelForVision2Seq, which transformers 5 removed: pinned below 5
+# verl 0.7.x imports AutoModelForVision2Seq, which transformers 5 removed: pinned below 5. It also
+# pins numpy<2, and pyarrow 26 refuses to import with NumPy 1 ("pyarrow requires NumPy 2.0 or
+# newer"; 22-25 import with 1.26, checked): Ray's serializer imports pyarrow, so verl's own Ray
+# worker group (tests/test_watch_verl.py) fails at its first placement group without the pin
 declare -A PINS=(
-  [verl-0.7.0]="verl==0.7.0 transformers<5"
-  [verl-0.7.1]="verl==0.7.1 transformers<5"
+  [verl-0.7.0]="verl==0.7.0 transformers<5 pyarrow<26"
+  [verl-0.7.1]="verl==0.7.1 transformers<5 pyarrow<26"
   [verl-0.9.1]="verl==0.9.1"
 )
 ORDER=(verl-0.7.0 verl-0.7.1 verl-0.9.1)
@@ -71,7 +75,7 @@ for name in $STACKS; do
   log "$name: $("$py" -c 'import verl, transformers, torch; print(f"verl {verl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}")' 2>/dev/null)"
   xml=$OUT/$name.xml
   rm -f "$xml"
-  (cd "$REPO" && timeout "$RUN_TIMEOUT" "$py" -m pytest --nccl-world=2 suites/verl -p no:cacheprovider \
+  (cd "$REPO" && timeout "$RUN_TIMEOUT" "$py" -m pytest --nccl-world=2 suites/verl tests/test_watch_verl.py -p no:cacheprovider \
       -o addopts="" -q -rfEs --junitxml="$xml") > "$OUT/$name.log" 2>&1
   rc=$?
   ran=$(( $(date +%s) - built ))

@@ -11,7 +11,7 @@ the plugin: it runs the code being developed, loaded the way an installed plugin
 ========================  =========================================================
 pytest exit status        verdict
 ========================  =========================================================
-0                         good
+0                         good, unless every test skipped: skip
 1                         bad, unless every failure is infrastructure
                           (import error, ranks could not start): skip
 125                       skip (the plugin's ``--nccl-exitcode-infra``)
@@ -127,6 +127,10 @@ def verdict_from_run(exit_code: int | None, cases: Sequence[CaseResult], *, time
     if timed_out:
         return Verdict.SKIP, f"pytest did not finish within {timeout:.0f}s" if timeout else "pytest timed out"
     if exit_code == exitcodes.EXIT_OK:
+        if cases and all(c.outcome == "skipped" for c in cases):
+            # nothing ran: a release where the code under test is gone (verl 0.8.0 removed the actor
+            # suites/verl drives) is no fix, and one that cannot run the tests is no good bound
+            return Verdict.SKIP, "every test skipped: " + (cases[0].headline or "no reason given")
         return Verdict.GOOD, None
     if exit_code == exitcodes.EXIT_TESTS_FAILED:
         real = [c for c in failed if not exitcodes.is_infrastructure(c.as_failure())]

@@ -146,3 +146,14 @@ def test_parse_junit_tells_xfail_from_skip():
                         '</testsuite></testsuites>')
     assert [(c.outcome, c.headline) for c in cases] == [("xfailed", "known bug"), ("skipped", "needs 4 GPUs")]
     assert verdict_from_run(0, cases)[0] is Verdict.GOOD
+
+
+def test_a_run_where_every_test_skipped_is_no_verdict():
+    """exit 0 with nothing run (the release lacks what the tests drive) is a skip, not a good release."""
+    cases = parse_junit('<testsuites><testsuite><testcase classname="t" name="a"><skipped type="pytest.skip" '
+                        'message="verl 0.8.0 has no legacy FSDP actor">t.py:3</skipped></testcase><testcase '
+                        'classname="t" name="b"><skipped type="pytest.skip" message="no GPU" /></testcase>'
+                        '</testsuite></testsuites>')
+    assert verdict_from_run(0, cases) == (Verdict.SKIP, "every test skipped: verl 0.8.0 has no legacy FSDP actor")
+    passed = parse_junit('<testsuites><testsuite><testcase classname="t" name="c" /></testsuite></testsuites>')
+    assert verdict_from_run(0, cases + passed) == (Verdict.GOOD, None)
