@@ -22,7 +22,14 @@ from pathlib import Path
 import pytest
 from watch_support import JOBS, free_port, line_in, run_watch
 
-from pytest_nccl.watch.outcome import Joining, Waits, peers_line, side_group_verdict, waited_for_peers
+from pytest_nccl.watch.outcome import (
+    Joining,
+    Waits,
+    peers_line,
+    side_group_notice,
+    side_group_verdict,
+    waited_for_peers,
+)
 
 TIMEOUT = 8
 JOB = JOBS / "side_group_job.py"
@@ -56,6 +63,19 @@ def test_a_complete_or_unknown_side_group_is_only_slow():
     assert "1 of 2 members joined (store h:2); member 1 never connected" in peers_line(found, 10)
 
 
+def test_a_missing_member_is_said_after_15_s_once_and_the_verdict_waits_for_the_timeout():
+    """An engine loading a large model may join minutes late: a line at 15 s, the verdict at --timeout."""
+    waiting, said = [member(0), member(1), member(2, since=104.0)], set()
+    assert side_group_notice(waiting, 114.9, 300.0, said) is None  # rank 2 waited 10.9 s only
+    assert side_group_notice(waiting, 119.0, 300.0, said) == (
+        "group openrlhf: 3 of 4 members joined (store 127.0.0.1:29500); member 3 not connected after 15 s; "
+        "created at openrlhf/utils/distributed_util.py:47 <- job.py:40; a verdict at --timeout (300 s) unless "
+        "it connects")
+    assert side_group_notice(waiting, 130.0, 300.0, said) is None  # said once
+    assert waited_for_peers(waiting, ranks_seen=0, now=130.0, timeout=300.0) == []  # no verdict yet
+    assert side_group_notice(waiting, 119.0, 15.0, set()) is None  # the verdict itself comes as soon
+
+
 def test_peers_of_the_default_group_are_still_no_verdict():
     init = Joining(7, 100.0, 0, 2, "x.py:3", Waits.INIT)
     found = waited_for_peers([init], ranks_seen=0, now=200.0, timeout=10)
@@ -73,8 +93,8 @@ def openrlhf_python() -> str | None:
     return sys.executable if importlib.util.find_spec("openrlhf") is not None else None
 
 
-def watch_job(tmp_path: Path, case: str, how: str, python: str, *extra: str):
-    return run_watch(tmp_path, [python, str(JOB), case, how, str(free_port()), *extra], "--timeout", str(TIMEOUT),
+def watch_job(tmp_path: Path, case: str, how: str, python: str, *extra: str, timeout: float = TIMEOUT):
+    return run_watch(tmp_path, [python, str(JOB), case, how, str(free_port()), *extra], "--timeout", f"{timeout:g}",
                      python=python, inherit_pythonpath=python == sys.executable)
 
 
@@ -82,17 +102,17 @@ def waited_from(run) -> float:
     return float(next(line for line in run.stdout.splitlines() if line.startswith("trainer waits from")).split()[-1])
 
 
-def assert_named(run, group: str, site: str, ended_at: float) -> None:
+def assert_named(run, group: str, site: str, ended_at: float, timeout: float = TIMEOUT) -> None:
     assert run.code == 3, run.text
     assert f"pytest-nccl watch: group {group}: 3 of 4 members joined (store 127.0.0.1:" in run.stderr, run.stderr
-    assert f"member 3 never connected (the others waited {TIMEOUT} s, --timeout: 0: pid " in run.stderr, run.stderr
+    assert f"member 3 never connected (the others waited {timeout:g} s, --timeout: 0: pid " in run.stderr, run.stderr
     assert f"created at {site}" in run.stderr, run.stderr
     s = run.summary
     assert s is not None and s["exit_code"] == 3 and s["ended_by_watch"] and s["verdict"], s
     assert s["headline"] == s["peers_missing"] and s["headline"].startswith(f"group {group}: 3 of 4"), s
     assert s["kind"] == "rendezvous", s  # as a test's side group whose member never joined
     # named within --timeout of the trainer waiting, with a wide margin (start-up, a loaded host)
-    assert ended_at - waited_from(run) < TIMEOUT + 30, (ended_at, waited_from(run))
+    assert ended_at - waited_from(run) < timeout + 30, (ended_at, waited_from(run))
 
 
 def assert_untouched(run) -> None:
@@ -109,9 +129,18 @@ def test_plain_torch_side_group_with_a_missing_member_is_named(tmp_path, trainer
     is, of its DeepSpeed group): the side group is followed beside it."""
     import time
 
-    run = watch_job(tmp_path, "bad", "torch", sys.executable, *([trainer] if trainer == "trainer-group" else []))
+    # engines-only: a --timeout past the 15 s notice, which comes first, once
+    timeout = TIMEOUT if trainer == "trainer-group" else 22
+    run = watch_job(tmp_path, "bad", "torch", sys.executable, *([trainer] if trainer == "trainer-group" else []),
+                    timeout=timeout)
     line = line_in(JOB, "store, rank, world = next(dist.rendezvous(")
-    assert_named(run, "weight-sync", f"{JOB}:{line}", time.time())
+    assert_named(run, "weight-sync", f"{JOB}:{line}", time.time(), timeout)
+    notice = ("pytest-nccl watch: group weight-sync: 3 of 4 members joined (store 127.0.0.1:")
+    if timeout > 15:
+        assert run.stderr.count("not connected after 15 s") == 1, run.stderr
+        at = run.stderr.index("not connected after 15 s")
+        assert run.stderr.rfind(notice, 0, at) >= 0 and at < run.stderr.index("never connected"), run.stderr
+        assert f"a verdict at --timeout ({timeout:g} s) unless it connects" in run.stderr, run.stderr
 
 
 def test_plain_torch_side_group_healthy_is_untouched(tmp_path):

@@ -312,6 +312,8 @@ class Watch:
 
     def _peers_never_appeared(self, now: float) -> bool:
         waiting = waited_for_peers(self.joining.read(now), len(self.monitor.ranks), now, self.args.timeout)
+        if not (waiting or self.args.quiet) and (notice := self.joining.notice(now, self.args.timeout)):
+            say(f"{PROG}: {notice}")
         if waiting:
             self.peers_missing = peers_line(waiting, self.args.timeout)
             self.side_group_missing = side_group_verdict(waiting)

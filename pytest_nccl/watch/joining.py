@@ -9,7 +9,7 @@ import socket
 
 from ..core.sites import headline_site
 from . import jobdir
-from .outcome import Joining, Waits
+from .outcome import Joining, Waits, side_group_notice
 
 
 class JoiningProcesses:
@@ -18,6 +18,7 @@ class JoiningProcesses:
     def __init__(self, directory: str):
         self.directory = directory
         self.present: dict[int, Joining] = {}   # pid -> Joining, since first seen
+        self.noticed: set[str] = set()          # side groups whose missing members were said
 
     def read(self, now: float) -> list[Joining]:
         """The processes of this host waiting now; a note whose process is gone (or another one with
@@ -36,6 +37,11 @@ class JoiningProcesses:
                                                             Waits.of(note.what), note.group, note.store)
         self.present = present
         return list(present.values())
+
+    def notice(self, now: float, timeout: float) -> str | None:
+        """The line, once, for a side group whose members wait for one that has not connected
+        (``outcome.side_group_notice``), from the last ``read``."""
+        return side_group_notice(list(self.present.values()), now, timeout, self.noticed)
 
 
 def _listdir(directory: str) -> list:

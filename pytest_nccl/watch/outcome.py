@@ -122,25 +122,57 @@ def _side_group_waiting(members: list, now: float, timeout: float) -> list:
     return []
 
 
+# seconds a side group's members wait for one that has not connected before the watch says so in a
+# line (not a verdict: an inference engine loading a large model joins minutes late); the verdict
+# comes at --timeout
+SIDE_GROUP_NOTICE = 15.0
+
+
+def side_group_notice(joining: list, now: float, timeout: float, said: set) -> str | None:
+    """The line for a side group whose members have waited ``SIDE_GROUP_NOTICE`` seconds for one that
+    has not connected, once per group (``said``: the groups' stores already said, updated), and only
+    where --timeout is further away."""
+    if timeout <= SIDE_GROUP_NOTICE:
+        return None
+    members = [j for j in joining if j.waits == Waits.GROUP and (j.store or j.group) not in said]
+    waiting = _side_group_waiting(members, now, SIDE_GROUP_NOTICE)
+    if not waiting:
+        return None
+    said.add(waiting[0].store or waiting[0].group)
+    joined, never, name, store, where = _side_group_facts(waiting)
+    many = len(never) > 1
+    return (f"group {name}: {len(joined)} of {waiting[0].world} members joined{store}; member{'s' if many else ''} "
+            f"{_shown(never)} not connected after {SIDE_GROUP_NOTICE:g} s{where}; a verdict at --timeout "
+            f"({timeout:g} s) unless {'they connect' if many else 'it connects'}")
+
+
 def side_group_verdict(waiting: list) -> bool:
     """Members of a side group waited for members that never connected: the job's verdict (exit 3);
     peers of the default group that never appeared are not (the launcher's status stands)."""
     return bool(waiting) and waiting[0].waits == Waits.GROUP
 
 
-def _side_group_line(waiting: list, timeout: float) -> str:
+def _side_group_facts(waiting: list) -> tuple:
+    """(joined ranks, ranks never connected, the group's name, " (store h:p)", "; created at SITE")."""
     first = waiting[0]
-    world = first.world or 0
     joined = sorted({j.rank for j in waiting if j.rank is not None})
-    never = [r for r in range(world) if r not in joined]
-    shown = ",".join(map(str, never[:8])) + (",..." if len(never) > 8 else "")
+    never = [r for r in range(first.world or 0) if r not in joined]
     name = first.group or next((j.group for j in waiting if j.group), "") or "(unnamed)"
     store = f" (store {first.store})" if first.store else ""
     site = next((j.site for j in waiting if j.site), "")
-    where = f"; created at {site}" if site else ""
+    return joined, never, name, store, f"; created at {site}" if site else ""
+
+
+def _shown(ranks: list) -> str:
+    return ",".join(map(str, ranks[:8])) + (",..." if len(ranks) > 8 else "")
+
+
+def _side_group_line(waiting: list, timeout: float) -> str:
+    joined, never, name, store, where = _side_group_facts(waiting)
     pids = ", ".join(f"{j.rank}: pid {j.pid}" for j in waiting[:8])
-    return (f"group {name}: {len(joined)} of {world} members joined{store}; member{'s' if len(never) > 1 else ''} "
-            f"{shown} never connected (the others waited {timeout:g} s, --timeout: {pids}){where}; ending the job")
+    return (f"group {name}: {len(joined)} of {waiting[0].world or 0} members joined{store}; "
+            f"member{'s' if len(never) > 1 else ''} {_shown(never)} never connected (the others waited "
+            f"{timeout:g} s, --timeout: {pids}){where}; ending the job")
 
 
 def _missing(waiting: list, noun: str) -> str:
