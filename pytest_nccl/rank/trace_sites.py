@@ -44,12 +44,10 @@ _RUN_NODE = _run_node_code()
 # A collective issued by a thread other than the process's main one: "<site><THREAD_MARK><thread
 # name>" (core/journal.py). Two threads issuing on one group race, in an order that differs per
 # rank; the headline names them.
-_MAIN_THREAD = threading.main_thread().ident
-
-
 def thread_mark() -> str:
-    """"" on the main thread; else the mark and the current thread's name (tabs and line ends go)."""
-    if threading.get_ident() == _MAIN_THREAD:
+    """"" on the main thread (asked each time: a forked rank's is the thread that forked it); else the
+    mark and the current thread's name (tabs and line ends go)."""
+    if threading.get_ident() == threading.main_thread().ident:
         return ""
     name = threading.current_thread().name
     return THREAD_MARK + name.replace("\t", " ").replace("\n", " ").replace(THREAD_MARK, " ")
