@@ -218,7 +218,7 @@ class Watch:
         """torchrun started another attempt: what the journals of this one show, then follow that one."""
         newer = [a for a in jobdir.attempts(self.dir) if a > self.attempt
                  and any(jobdir.rank_of(n) is not None or n.startswith("joining-")
-                         for n in _listdir(jobdir.attempt_dir(self.dir, a)))]
+                         for n in jobdir.listdir(jobdir.attempt_dir(self.dir, a)))]
         if not newer:
             return
         if not self.attempt_done:
@@ -343,7 +343,7 @@ class Watch:
                 say(f"{PROG}: {rank_list(self.monitor.unseen())} (on another node) could not be followed to "
                     "the end: the channel to that node's watch ended; this node's ranks ended cleanly")
             elif self.monitor.referee is None and not self.earlier:
-                count = [n.split("-", 1)[0] for n in _listdir(self.dir)].count
+                count = [n.split("-", 1)[0] for n in jobdir.listdir(self.dir)].count
                 say(f"{PROG}: {no_rank_line(count('torch'), members=count('member'))}")
         if control.descendants():  # processes that outlived the launcher
             control.end(launcher, 2.0)
@@ -396,10 +396,3 @@ class Watch:
     def _watched(self) -> dict:
         monitor = getattr(self, "monitor", None)
         return {r: sum(f.count.values()) for r, f in monitor.ranks.items()} if monitor is not None else {}
-
-
-def _listdir(directory: str) -> list:
-    try:
-        return os.listdir(directory)
-    except OSError:
-        return []

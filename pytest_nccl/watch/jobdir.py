@@ -89,6 +89,14 @@ def joining(directory: str, pid: int) -> str:
     return os.path.join(directory, f"joining-{pid}.json")
 
 
+def listdir(directory: str) -> list[str]:
+    """The names in ``directory``; none when it cannot be read (gone with its job)."""
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return []
+
+
 def member(directory: str, pid: int) -> str:
     return os.path.join(directory, f"member-{pid}")
 

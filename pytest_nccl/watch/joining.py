@@ -24,7 +24,7 @@ class JoiningProcesses:
         """The processes of this host waiting now; a note whose process is gone (or another one with
         its pid) is not one."""
         present = {}
-        for name in _listdir(self.directory):
+        for name in jobdir.listdir(self.directory):
             if not (name.startswith("joining-") and name.endswith(".json")):
                 continue
             note = jobdir.read_joining(os.path.join(self.directory, name))
@@ -42,10 +42,3 @@ class JoiningProcesses:
         """The line, once, for a side group whose members wait for one that has not connected
         (``outcome.side_group_notice``), from the last ``read``."""
         return side_group_notice(list(self.present.values()), now, timeout, self.noticed)
-
-
-def _listdir(directory: str) -> list:
-    try:
-        return os.listdir(directory)
-    except OSError:
-        return []
