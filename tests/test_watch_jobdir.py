@@ -41,3 +41,31 @@ def test_a_joining_note(tmp_path):
     with open(path, "w") as f:
         f.write('{"pid": 1')  # half a file
     assert jobdir.read_joining(path) is None
+
+
+def test_a_process_waiting_again_elsewhere_is_a_new_wait(tmp_path):
+    """OpenRLHF's trainer joins its default group and, right after, the weight-sync group: if the
+    watch reads its ``init_process_group`` note and then (one read later) its side group's, the side
+    group's wait starts at that read, as a member of that group, not as the old wait."""
+    import os
+    import socket
+
+    from pytest_nccl.watch.joining import JoiningProcesses
+    from pytest_nccl.watch.outcome import Waits
+
+    pid, path = os.getpid(), jobdir.joining(str(tmp_path), os.getpid())
+
+    def note(**fields):
+        jobdir.write_json(path, JoiningNote(pid=pid, start=jobdir.process_start(pid), host=socket.gethostname(),
+                                            site="train.py:7", **fields).to_dict())
+
+    processes = JoiningProcesses(str(tmp_path))
+    note(rank=0, world=2, what="init_process_group")
+    assert [(j.waits, j.since) for j in processes.read(now=100.0)] == [(Waits.INIT, 100.0)]
+    assert [(j.waits, j.since) for j in processes.read(now=105.0)] == [(Waits.INIT, 100.0)]  # the same wait
+    note(rank=0, world=4, what="group", group="weight-sync", store="127.0.0.1:29500")
+    [waiting] = processes.read(now=106.0)
+    assert (waiting.waits, waiting.since, waiting.group, waiting.world) == (Waits.GROUP, 106.0, "weight-sync", 4)
+    assert processes.read(now=110.0) == [waiting]
+    os.unlink(path)
+    assert processes.read(now=111.0) == []

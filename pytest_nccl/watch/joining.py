@@ -1,11 +1,12 @@
 """The processes of one attempt that wait to join a group, as their ``joining-PID.json`` notes say
 (``jobdir.JoiningNote``): each one's ``outcome.Joining``, with the time the watch first saw it
-waiting, kept while its note is there and its process is the one that wrote it."""
+waiting, kept while its note (the same wait) is there and its process is the one that wrote it."""
 
 from __future__ import annotations
 
 import os
 import socket
+from dataclasses import replace
 
 from ..core.sites import headline_site
 from . import jobdir
@@ -33,8 +34,12 @@ class JoiningProcesses:
             pid = note.pid or 0
             if jobdir.process_start(pid) != note.start:
                 continue  # gone
-            present[pid] = self.present.get(pid) or Joining(pid, now, note.rank, note.world, headline_site(note.site),
-                                                            Waits.of(note.what), note.group, note.store)
+            joining = Joining(pid, now, note.rank, note.world, headline_site(note.site), Waits.of(note.what),
+                              note.group, note.store)
+            seen = self.present.get(pid)
+            # the same wait as last read keeps its start; a new one (the process joined its default
+            # group and now waits in a side group's, between two reads) starts now
+            present[pid] = seen if seen is not None and replace(seen, since=now) == joining else joining
         self.present = present
         return list(present.values())
 
