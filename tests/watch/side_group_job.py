@@ -9,6 +9,9 @@ rendezvous; none of them creates a default process group. The trainer broadcasts
 - ``torch``: what it does, in plain torch (no ``_new_process_group_helper``): torch's
   ``rendezvous``, a ``PrefixStore`` and ``ProcessGroupGloo``, group "weight-sync".
 - ``bad``: the last engine never joins (it started, and is busy elsewhere when the others wait).
+- The engines join when the trainer does (it sets ``go`` right before its own join), as OpenRLHF's
+  trainer calls every engine's ``init_process_group`` and then its own: the members' waits start
+  together, whatever the trainer did before (its own default group, on a loaded host, takes seconds).
 - ``trainer-group``: the trainer's rank 0 is a rank of a default group too (of one, here), as
   OpenRLHF's trainer is of its DeepSpeed group.
 """
@@ -58,8 +61,9 @@ def member(how: str, rank: int, port: int) -> None:
     print(f"member {rank} synced", flush=True)
 
 
-def engine(case: str, how: str, rank: int, port: int, ready) -> None:
+def engine(case: str, how: str, rank: int, port: int, ready, go) -> None:
     ready.put(rank)  # started (as OpenRLHF's engines are before the trainer makes the group)
+    go.wait(300)
     if case == "bad" and rank == ENGINES:
         time.sleep(600)  # never joins
     member(how, rank, port)
@@ -68,8 +72,8 @@ def engine(case: str, how: str, rank: int, port: int, ready) -> None:
 def main() -> int:
     case, how, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
     ctx = multiprocessing.get_context("spawn")
-    ready = ctx.Queue()
-    engines = [ctx.Process(target=engine, args=(case, how, rank, port, ready)) for rank in range(1, WORLD)]
+    ready, go = ctx.Queue(), ctx.Event()
+    engines = [ctx.Process(target=engine, args=(case, how, rank, port, ready, go)) for rank in range(1, WORLD)]
     for p in engines:
         p.start()
     for _ in engines:
@@ -77,6 +81,7 @@ def main() -> int:
     if sys.argv[4:] == ["trainer-group"]:
         torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
         torch.distributed.barrier()
+    go.set()
     print(f"trainer waits from {time.time():.3f}", flush=True)
     member(how, 0, port)
     for p in engines:
