@@ -7,10 +7,11 @@ itself. A benchmark, not a timed test: it counts, it does not gate.
 - a **flaky outcome**: a faulty job's test failed in some round and passed in another (its verdict
   changed); one that fails every round is counted apart (broken, not flaky).
 
-Run:  python benchmarks/soak_watch.py [--rounds 20] [--load N] [--json FILE] [--gate]
+Run:  python benchmarks/soak_watch.py [--rounds 20] [--load N] [--json FILE] [--keep DIR] [--gate]
 (``--load``: busy processes, default one per core minus one: with the tests themselves, every core
-is busy). Prints one line per round and the counts at the end; exit status 0, or with ``--gate``
-(.ci/run) 1 when there was a false verdict (a healthy job failed).
+is busy; ``--keep``: each round's JUnit file, with every failure's whole text, kept in DIR). Prints
+one line per round, a healthy job's failure in full, and the counts at the end; exit status 0, or
+with ``--gate`` (.ci/run) 1 when there was a false verdict (a healthy job failed).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def stop_load(procs: list) -> None:
 
 
 def one_round(tests: list, junit: str, env: dict) -> tuple[dict, float]:
-    """test id -> (passed, the first line of its failure); the round's seconds."""
+    """test id -> (passed, its failure's text); the round's seconds."""
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
                              *tests], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -81,7 +82,7 @@ def one_round(tests: list, junit: str, env: dict) -> tuple[dict, float]:
         if bad is None:
             bad = case.find("error")
         skipped = case.find("skipped") is not None
-        message = (bad.get("message") or "").splitlines()[0][:200] if bad is not None else ""
+        message = f"{bad.get('message') or ''}\n{bad.text or ''}".strip() if bad is not None else ""
         results[test_id] = (bad is None and not skipped, "skipped" if skipped else message)
     return {t: results.get(t, (False, "not run")) for t in tests}, elapsed
 
@@ -91,6 +92,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--load", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     parser.add_argument("--json", help="write the counts here")
+    parser.add_argument("--keep", help="keep each round's JUnit file (failures in full) in this folder")
     parser.add_argument("--gate", action="store_true",
                         help="exit 1 on a false verdict: a healthy job failed (CI); else 0 always")
     args = parser.parse_args()
@@ -107,14 +109,18 @@ def main() -> int:
           f"{args.load} load process(es) on {os.cpu_count()} cores", flush=True)
     try:
         with tempfile.TemporaryDirectory() as tmp:
+            folder = args.keep or tmp
+            os.makedirs(folder, exist_ok=True)
             for n in range(1, args.rounds + 1):
-                results, elapsed = one_round(tests, os.path.join(tmp, f"round{n}.xml"), env)
+                results, elapsed = one_round(tests, os.path.join(folder, f"round{n}.xml"), env)
                 times.append(elapsed)
                 failed = []
                 for t, (ok, message) in results.items():
                     history[t].append(ok)
                     if not ok:
-                        failed.append(f"{t.split('::')[1]}: {message}")
+                        failed.append(f"{t.split('::')[1]}: {(message.splitlines() or [''])[0][:200]}")
+                    if not ok and t in HEALTHY:  # a false verdict: what it said, whole (the last 60 lines)
+                        failed.append("\n    ".join(["", *message.splitlines()[-60:]]))
                 print(f"round {n}: {elapsed:.0f} s, {len(failed)} failed" + "".join(f"\n  {f}" for f in failed),
                       flush=True)
     except KeyboardInterrupt:
