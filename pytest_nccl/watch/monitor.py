@@ -3,111 +3,34 @@
 ``Monitor.poll(now)`` is one tick: new ``rank-R.json`` files (the world size is the one the ranks
 saw), the bytes each journal gained since the last tick (read by offset, following the file across
 rotations), exit records and vanished pids (``Referee.finished``), then ``Referee.step`` with a
-``JobView``. Its cost per tick does not grow with the job: journals are read incrementally and the
-records kept are a window (``window.py``). ``conclude`` runs the call driver's conclusion
+``JobView`` (``jobview.py``). Its cost per tick does not grow with the job: journals are read
+incrementally and the records kept are a window (``window.py``). ``conclude`` runs the call driver's conclusion
 (``core.call``: settle, stacks of the ranks still running, the judge), as the test modes do: a
 ``CallOutcome``.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import threading
 import time
 from typing import Callable
 
-from ..core.call import CallDriver, Dumps, flight_recorder_merged
+from ..core.call import CallDriver, Dumps
 from ..core.diagnosis.wording import JOB
-from ..core.flight import with_flight_recorder
-from ..core.records import RankView
 from ..core.referee import Referee
 from ..core.reports import CallOutcome, RankReport
 from ..core.states import RankState, Reason
 from . import jobdir
 from .channel import CONNECT_WAIT
 from .channel import connect as channel_connect
-from .follow import Followed, LocalRank, RemoteRank, ask_all, fr_progress
+from .follow import Followed, LocalRank, RemoteRank, fr_progress
 from .jobdir import RankInfo
+from .jobview import JobView
 from .nodes import Nodes
 from .rankreport import report_of
 from .timing import TIMING
 from .window import Window
-
-
-class JobView:
-    """The driver's transport for a running job (``core.call.Transport``): the window of each rank's
-    journal, its exit record or vanished process, and its agent's answers."""
-
-    def __init__(self, monitor: "Monitor"):
-        self.m = monitor
-        self.answers: dict = {}   # rank -> its agent's answer to "dump", once decided
-
-    # -- the referee's CallView --------------------------------------------------------------------------
-    def journals(self) -> dict:
-        ranks = self.m.ranks  # a rank this watch lost sight of is where it was last seen: no evidence
-        return {r: ranks[r].records if r in ranks and not ranks[r].unseen else [] for r in range(self.m.world)}
-
-    def journal_sizes(self) -> list:
-        ranks = self.m.ranks
-        return [(ranks[r].file.consumed, ranks[r].fr_progress) if r in ranks else None
-                for r in range(self.m.world)]
-
-    def flight_recorder_journals(self) -> dict | None:
-        """The window merged with the Flight Recorder of the ranks that answer."""
-        fr_json = {}
-        live = [f for f in self.m.ranks.values() if f.state is None]
-        for r, answer in ask_all(live, "fr", TIMING.stacks_wait).items():
-            if answer and answer.get("fr_json"):
-                fr_json[r] = answer["fr_json"]
-                try:  # fresher than the last status poll
-                    self.m.ranks[r].fr_progress = fr_progress(json.loads(answer["fr_json"]).get("pg_status"))
-                except ValueError:
-                    pass
-        if not fr_json:
-            return None
-        return with_flight_recorder(self.journals(), fr_json)
-
-    # -- the rest of the transport ---------------------------------------------------------------------
-    def receive(self, until: float) -> None:
-        time.sleep(max(0.0, until - time.monotonic()))
-        for f in [f for f in self.m.ranks.values() if f.state is None]:
-            self.m._read(f)
-        self.m._finished(time.monotonic())
-
-    def dumps(self, reason: Reason, live: list[int]) -> Dumps:
-        followed = [f for f in self.m.ranks.values() if f.state is None]
-        self.answers = answers = ask_all(followed, "dump", TIMING.stacks_wait)
-        dumps = Dumps()
-        for r, answer in answers.items():
-            if not answer:
-                continue
-            dumps.stacks[r] = answer.get("stack") or ""
-            if answer.get("fr_json"):
-                dumps.fr_json[r] = answer["fr_json"]
-            if answer.get("fr_pickle"):
-                dumps.fr_pickle[r] = base64.b64decode(answer["fr_pickle"])
-        return dumps
-
-    def release(self, live: list[int]) -> None:
-        pass  # the job is the watch's caller's to end (or to keep running)
-
-    def reports(self, reason: Reason, running: dict[int, RankReport]) -> dict[int, RankReport]:
-        return {r: self.m._report(r, self.answers.get(r)) for r in range(self.m.world)}
-
-    def final_journals(self, reports: dict[int, RankReport], dumps: Dumps) -> dict:
-        """The window of every rank; a rank still running that waits in no traced collective may wait
-        in one issued from C++ (DDP's reducer): then, when every rank answered, with the Flight
-        Recorder's entries merged in."""
-        journals = self.journals()
-        running = [r for r, rep in reports.items() if rep.state == RankState.RUNNING]
-        if not running or not all(_waits_nowhere(journals[r]) for r in running):
-            return journals
-        merged = flight_recorder_merged(journals, dumps, self.m.world)
-        if merged is not journals:
-            self.m.window.base = {}  # numbered by the Flight Recorder now
-        return merged
 
 
 class Monitor:
@@ -389,10 +312,6 @@ def _import_torch_distributed() -> None:
         import torch.distributed  # noqa: F401
     except Exception:  # a prewarm only: a broken torch says so where it is used
         pass
-
-
-def _waits_nowhere(records: list) -> bool:
-    return RankView(0, records=records).current is None
 
 
 def _debug(text: str) -> None:
