@@ -47,7 +47,7 @@ def pip_installs(text: str) -> list[str]:
             and "quiet_pip()" not in line]
 
 
-@pytest.mark.parametrize("path", [".ci/run", ".ci/trl_stacks.sh"])
+@pytest.mark.parametrize("path", [".ci/run", ".ci/stacks_lib.sh"])
 def test_every_install_of_the_ci_scripts_gets_the_cpu_index(path):
     installs = pip_installs((ROOT / path).read_text())
     assert installs
