@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .. import exitcodes
-from ..core.states import CaseOutcome
+from ..core.states import CaseOutcome, Phase
 from . import tomlcompat
 from .search import Verdict
 
@@ -54,10 +54,11 @@ class CaseResult:
     message: str = ""
     text: str = ""
     properties: dict[str, str] = field(default_factory=dict)
-    when: str = "call"
+    when: Phase = Phase.CALL
 
     def __post_init__(self):
-        self.outcome = CaseOutcome(self.outcome)  # an outcome given by its word ("passed") is the member
+        # an outcome or a phase given by its word ("passed", "setup") is the member
+        self.outcome, self.when = CaseOutcome(self.outcome), Phase(self.when)
 
     @property
     def headline(self) -> str:
@@ -107,7 +108,7 @@ def parse_junit(text: str) -> list[CaseResult]:
         name = case.get("name") or ""
         nodeid = f"{classname}::{name}" if classname else name
         props = {p.get("name", ""): p.get("value", "") for p in case.iter("property")}
-        outcome, message, body, when = CaseOutcome.PASSED, "", "", "call"
+        outcome, message, body, when = CaseOutcome.PASSED, "", "", Phase.CALL
         for tag, tag_outcome in _JUNIT_TAGS.items():
             el = case.find(tag)
             if el is not None:
@@ -118,11 +119,11 @@ def parse_junit(text: str) -> list[CaseResult]:
                 body = el.text or ""
                 if tag_outcome is CaseOutcome.ERROR:
                     if message == "collection failure":
-                        when = "collect"
+                        when = Phase.COLLECT
                     elif message.startswith("failed on setup"):
-                        when = "setup"
+                        when = Phase.SETUP
                     elif message.startswith("failed on teardown"):
-                        when = "teardown"
+                        when = Phase.TEARDOWN
                 break
         out.append(CaseResult(nodeid, outcome, message, body, props, when))
     return out

@@ -1,6 +1,6 @@
 """Every state the analysis knows, as an enum: how a rank ended (or where it is), where one collective
 is, where a record came from, why a call stopped being watched, what kind of failure it was, how pytest
-ended a test case.
+ended a test case and in which phase.
 
 The enums are ``str`` subclasses that print as their value, so reports, headlines and JSON keep the
 words a person reads ("passed", "shape-mismatch"); code compares members, never the words.
@@ -58,6 +58,15 @@ class RankState(Word):
 
 
 CLEAN_STATES = frozenset({RankState.PASSED, RankState.SKIPPED, RankState.XFAILED})
+
+
+class Phase(Word):
+    """Where in a test's run pytest reported on it (pytest's ``report.when``; ``collect`` for a
+    collection report, which has none)."""
+    COLLECT = "collect"
+    SETUP = "setup"
+    CALL = "call"
+    TEARDOWN = "teardown"
 
 
 class CaseOutcome(Word):

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 from urllib.parse import quote
 
-from ..core.states import CaseOutcome, Word
+from ..core.states import CaseOutcome, Phase, Word
 
 #: distributions the report names, in this order
 PACKAGES = ("trl", "transformers", "accelerate", "datasets", "deepspeed")
@@ -194,13 +194,14 @@ def result_from_report(report: Any) -> TestResult | None:
         if not getattr(report, "failed", False):
             return None
         return TestResult(nodeid, CaseOutcome.ERROR, 0.0, headline or _crash(report))
+    phase = Phase(when)
     duration = float(getattr(report, "duration", 0.0) or 0.0)
     if report.failed:
-        outcome = CaseOutcome.FAILED if when == "call" else CaseOutcome.ERROR
+        outcome = CaseOutcome.FAILED if phase is Phase.CALL else CaseOutcome.ERROR
         return TestResult(nodeid, outcome, duration, headline or _crash(report), page)
     if report.skipped:
         return TestResult(nodeid, CaseOutcome.XFAILED if wasxfail else CaseOutcome.SKIPPED, duration, None)
-    if when == "call":
+    if phase is Phase.CALL:
         return TestResult(nodeid, CaseOutcome.XPASSED if wasxfail else CaseOutcome.PASSED, duration, None)
     return None
 
