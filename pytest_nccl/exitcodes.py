@@ -38,6 +38,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from .core.states import Phase
+
 EXIT_OK = 0
 EXIT_TESTS_FAILED = 1
 EXIT_INTERRUPTED = 2
@@ -59,10 +61,13 @@ class Failure:
     """A failed report, reduced to what the classification needs."""
 
     nodeid: str
-    when: str  # "collect", "setup", "call", "teardown"
+    when: Phase
     crash: str = ""  # the crash line, e.g. "ModuleNotFoundError: No module named 'trl'"
     infra: bool | None = None  # the plugin's own knowledge, when it has it
     kind: str | None = None  # the diagnosis kind, when there is one
+
+    def __post_init__(self):
+        object.__setattr__(self, "when", Phase(self.when))  # a phase given by its word ("call") is the member
 
 
 def is_infrastructure(f: Failure) -> bool:
@@ -70,7 +75,7 @@ def is_infrastructure(f: Failure) -> bool:
         return bool(f.infra)
     if f.kind and f.kind.lower() in INFRA_KINDS:
         return True
-    if f.when == "collect":
+    if f.when is Phase.COLLECT:
         return True
     if _REAL_EXC.search(f.crash or ""):
         return False
@@ -103,7 +108,7 @@ def failure_from_report(report: Any) -> Failure:
     """Duck-typed adapter from a pytest ``TestReport``/``CollectReport``."""
     props = dict(getattr(report, "user_properties", None) or [])
     infra = props.get("nccl_infra")
-    when = getattr(report, "when", None) or "collect"  # CollectReport has no ``when``
+    when = Phase(getattr(report, "when", None) or Phase.COLLECT)  # CollectReport has no ``when``
     return Failure(
         nodeid=getattr(report, "nodeid", ""),
         when=when,

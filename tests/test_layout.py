@@ -68,8 +68,8 @@ RANK_SIDE = in_folder("core", "rank") | {
     "watch.fold", "watch.timing", "watch.sidegroups"}
 # Pure: tested on data with a fake clock; no torch, no processes, no sockets.
 PURE = in_folder("core") | {"settings", "views.timeline", "views.swimlane", "bisect.tomlcompat",
-                            "bisect.matrix", "bisect.matrix.results", "bisect.matrix.findings",
-                            "bisect.matrix.render"}
+                            "bisect.matrix", "bisect.matrix.results", "bisect.matrix.cells",
+                            "bisect.matrix.findings", "bisect.matrix.render"}
 GRAPH = {name: imports_of(path)[0] & set(MODULES) for name, path in MODULES.items()}
 
 

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .. import exitcodes
+from ..core.states import CaseOutcome, Phase
 from . import tomlcompat
 from .search import Verdict
 
@@ -49,11 +50,15 @@ HEADLINE_PROPERTY = "nccl_diagnosis"
 @dataclass
 class CaseResult:
     nodeid: str
-    outcome: str  # passed, failed, error, skipped, xfailed
+    outcome: CaseOutcome  # from JUnit: never xpassed (JUnit writes an xpass as a pass, a strict one as a failure)
     message: str = ""
     text: str = ""
     properties: dict[str, str] = field(default_factory=dict)
-    when: str = "call"
+    when: Phase = Phase.CALL
+
+    def __post_init__(self):
+        # an outcome or a phase given by its word ("passed", "setup") is the member
+        self.outcome, self.when = CaseOutcome(self.outcome), Phase(self.when)
 
     @property
     def headline(self) -> str:
@@ -90,6 +95,10 @@ def crash_from_text(text: str | None) -> str:
     return first_line((text or "").strip().splitlines()[-1] if (text or "").strip() else "")
 
 
+# a testcase's child element -> its outcome, in the order they are looked for
+_JUNIT_TAGS = {"failure": CaseOutcome.FAILED, "error": CaseOutcome.ERROR, "skipped": CaseOutcome.SKIPPED}
+
+
 def parse_junit(text: str) -> list[CaseResult]:
     """Testcases of a pytest JUnit XML (xunit1 or xunit2), in document order."""
     root = ET.fromstring(text)
@@ -99,22 +108,22 @@ def parse_junit(text: str) -> list[CaseResult]:
         name = case.get("name") or ""
         nodeid = f"{classname}::{name}" if classname else name
         props = {p.get("name", ""): p.get("value", "") for p in case.iter("property")}
-        outcome, message, body, when = "passed", "", "", "call"
-        for tag in ("failure", "error", "skipped"):
+        outcome, message, body, when = CaseOutcome.PASSED, "", "", Phase.CALL
+        for tag, tag_outcome in _JUNIT_TAGS.items():
             el = case.find(tag)
             if el is not None:
-                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
-                if tag == "skipped" and el.get("type") == "pytest.xfail":
-                    outcome = "xfailed"
+                outcome = tag_outcome
+                if tag_outcome is CaseOutcome.SKIPPED and el.get("type") == "pytest.xfail":
+                    outcome = CaseOutcome.XFAILED
                 message = el.get("message") or ""
                 body = el.text or ""
-                if tag == "error":
+                if tag_outcome is CaseOutcome.ERROR:
                     if message == "collection failure":
-                        when = "collect"
+                        when = Phase.COLLECT
                     elif message.startswith("failed on setup"):
-                        when = "setup"
+                        when = Phase.SETUP
                     elif message.startswith("failed on teardown"):
-                        when = "teardown"
+                        when = Phase.TEARDOWN
                 break
         out.append(CaseResult(nodeid, outcome, message, body, props, when))
     return out
@@ -123,11 +132,11 @@ def parse_junit(text: str) -> list[CaseResult]:
 def verdict_from_run(exit_code: int | None, cases: Sequence[CaseResult], *, timed_out: bool = False,
                      timeout: float | None = None, output_tail: str = "") -> tuple[Verdict, str | None]:
     """(verdict, headline-or-reason) from pytest's exit status and its JUnit testcases."""
-    failed = [c for c in cases if c.outcome in ("failed", "error")]
+    failed = [c for c in cases if c.outcome.failed]
     if timed_out:
         return Verdict.SKIP, f"pytest did not finish within {timeout:.0f}s" if timeout else "pytest timed out"
     if exit_code == exitcodes.EXIT_OK:
-        if cases and all(c.outcome == "skipped" for c in cases):
+        if cases and all(c.outcome is CaseOutcome.SKIPPED for c in cases):
             # nothing ran: a release where the code under test is gone (verl 0.8.0 removed the actor
             # suites/verl drives) is no fix, and one that cannot run the tests is no good bound
             return Verdict.SKIP, "every test skipped: " + (cases[0].headline or "no reason given")

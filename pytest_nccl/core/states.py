@@ -1,5 +1,6 @@
 """Every state the analysis knows, as an enum: how a rank ended (or where it is), where one collective
-is, where a record came from, why a call stopped being watched, what kind of failure it was.
+is, where a record came from, why a call stopped being watched, what kind of failure it was, how pytest
+ended a test case and in which phase.
 
 The enums are ``str`` subclasses that print as their value, so reports, headlines and JSON keep the
 words a person reads ("passed", "shape-mismatch"); code compares members, never the words.
@@ -57,6 +58,47 @@ class RankState(Word):
 
 
 CLEAN_STATES = frozenset({RankState.PASSED, RankState.SKIPPED, RankState.XFAILED})
+
+
+class Phase(Word):
+    """Where in a test's run pytest reported on it (pytest's ``report.when``; ``collect`` for a
+    collection report, which has none)."""
+    COLLECT = "collect"
+    SETUP = "setup"
+    CALL = "call"
+    TEARDOWN = "teardown"
+
+
+class CaseOutcome(Word):
+    """How pytest ended one test case, as a report (JUnit, the gate report, the release matrix) says it.
+
+    Not a :class:`RankState`: it is the test's outcome as pytest reports it (one per test, xpassed
+    included), where a rank's state is one rank's end of one call."""
+    PASSED = "passed"
+    FAILED = "failed"
+    ERROR = "error"        # failed outside the test's call: collection, setup or teardown
+    SKIPPED = "skipped"
+    XFAILED = "xfailed"
+    XPASSED = "xpassed"
+
+    @property
+    def failed(self) -> bool:
+        """Red: the test failed, in its call or around it."""
+        return self in (CaseOutcome.FAILED, CaseOutcome.ERROR)
+
+    @property
+    def ran_clean(self) -> bool:
+        """The test ran and did what it was expected to (an expected failure counts)."""
+        return self in (CaseOutcome.PASSED, CaseOutcome.XFAILED, CaseOutcome.XPASSED)
+
+    @classmethod
+    def read(cls, word: object) -> "CaseOutcome | None":
+        """The member a word names, None for a word this version does not know (a newer or foreign
+        results file): the caller decides what an unknown outcome means, nothing raises."""
+        try:
+            return cls(word)
+        except ValueError:
+            return None
 
 
 class RecordState(Word):

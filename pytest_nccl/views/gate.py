@@ -37,11 +37,21 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 from urllib.parse import quote
 
+from ..core.states import CaseOutcome, Phase, Word
+
 #: distributions the report names, in this order
 PACKAGES = ("trl", "transformers", "accelerate", "datasets", "deepspeed")
 NOT_INSTALLED = "not installed"
 
-FAILED = ("failed", "error")
+
+class SuiteVerdict(Word):
+    """A suite's verdict, and the report's overall one."""
+    PASS = "PASS"
+    FAIL = "FAIL"
+    SKIPPED = "SKIPPED"  # nothing ran
+
+
+ICON = {SuiteVerdict.PASS: "\u2705", SuiteVerdict.FAIL: "\u274c", SuiteVerdict.SKIPPED: "\u26aa"}
 
 
 @dataclass(frozen=True)
@@ -49,10 +59,14 @@ class TestResult:
     __test__ = False  # not a pytest test class
 
     nodeid: str
-    outcome: str  # passed, failed, error, skipped, xfailed, xpassed
+    outcome: CaseOutcome
     duration: float = 0.0
     headline: str | None = None
     page: str | None = None  # the failure's swimlane page in --nccl-trace-dir (user property nccl_trace_page)
+
+    def __post_init__(self):
+        # an outcome given by its word ("passed") is the member
+        object.__setattr__(self, "outcome", CaseOutcome(self.outcome))
 
 
 @dataclass
@@ -60,16 +74,25 @@ class SuiteSummary:
     name: str
     results: list[TestResult]
 
-    def count(self, *outcomes: str) -> int:
+    def count(self, *outcomes: CaseOutcome) -> int:
         return sum(1 for r in self.results if r.outcome in outcomes)
 
     @property
-    def verdict(self) -> str:
-        if self.count(*FAILED):
-            return "FAIL"
-        if self.count("passed", "xfailed", "xpassed"):
-            return "PASS"
-        return "SKIPPED"
+    def failed(self) -> int:
+        return sum(1 for r in self.results if r.outcome.failed)
+
+    @property
+    def ran_clean(self) -> int:
+        """Tests that passed, an expected failure included."""
+        return sum(1 for r in self.results if r.outcome.ran_clean)
+
+    @property
+    def verdict(self) -> SuiteVerdict:
+        if self.failed:
+            return SuiteVerdict.FAIL
+        if self.ran_clean:
+            return SuiteVerdict.PASS
+        return SuiteVerdict.SKIPPED
 
     @property
     def duration(self) -> float:
@@ -170,15 +193,16 @@ def result_from_report(report: Any) -> TestResult | None:
     if when is None:  # CollectReport
         if not getattr(report, "failed", False):
             return None
-        return TestResult(nodeid, "error", 0.0, headline or _crash(report))
+        return TestResult(nodeid, CaseOutcome.ERROR, 0.0, headline or _crash(report))
+    phase = Phase(when)
     duration = float(getattr(report, "duration", 0.0) or 0.0)
     if report.failed:
-        outcome = "failed" if when == "call" else "error"
+        outcome = CaseOutcome.FAILED if phase is Phase.CALL else CaseOutcome.ERROR
         return TestResult(nodeid, outcome, duration, headline or _crash(report), page)
     if report.skipped:
-        return TestResult(nodeid, "xfailed" if wasxfail else "skipped", duration, None)
-    if when == "call":
-        return TestResult(nodeid, "xpassed" if wasxfail else "passed", duration, None)
+        return TestResult(nodeid, CaseOutcome.XFAILED if wasxfail else CaseOutcome.SKIPPED, duration, None)
+    if phase is Phase.CALL:
+        return TestResult(nodeid, CaseOutcome.XPASSED if wasxfail else CaseOutcome.PASSED, duration, None)
     return None
 
 
@@ -233,12 +257,11 @@ def render_report(env: Mapping[str, str], results: Sequence[TestResult], backend
     each failure with its diagnosis headline, linked to its swimlane page and Perfetto trace when
     --nccl-trace-dir wrote them (``report_path``: where the report goes, for relative links)."""
     suites = group_suites(results, depth)
-    n_fail = sum(s.count(*FAILED) for s in suites)
-    overall = "FAIL" if any(s.verdict == "FAIL" for s in suites) else ("PASS" if any(
-        s.verdict == "PASS" for s in suites) else "SKIPPED")
-    icon = {"PASS": "\u2705", "FAIL": "\u274c", "SKIPPED": "\u26aa"}
+    n_fail = sum(s.failed for s in suites)
+    verdicts = {s.verdict for s in suites}
+    overall = next((v for v in (SuiteVerdict.FAIL, SuiteVerdict.PASS) if v in verdicts), SuiteVerdict.SKIPPED)
     out: list[str] = [f"# {title}", ""]
-    summary = (f"**{icon[overall]} {overall}**: {len(suites)} suite{'s' if len(suites) != 1 else ''}, "
+    summary = (f"**{ICON[overall]} {overall}**: {len(suites)} suite{'s' if len(suites) != 1 else ''}, "
                f"{len(results)} test{'s' if len(results) != 1 else ''}, {n_fail} failed "
                f"\u2014 backend **{backend}**, world size **{world_size}**")
     out += [summary, ""]
@@ -262,22 +285,21 @@ def render_report(env: Mapping[str, str], results: Sequence[TestResult], backend
     if not suites:
         out.append("| (no tests) | SKIPPED | 0 | 0 | 0 | 0.0s |")
     for s in suites:
-        out.append(f"| {_md_cell(s.name)} | {icon[s.verdict]} {s.verdict} | {s.count('passed', 'xfailed', 'xpassed')} "
-                   f"| {s.count(*FAILED)} | {s.count('skipped')} | {_fmt_duration(s.duration)} |")
+        out.append(f"| {_md_cell(s.name)} | {ICON[s.verdict]} {s.verdict} | {s.ran_clean} "
+                   f"| {s.failed} | {s.count(CaseOutcome.SKIPPED)} | {_fmt_duration(s.duration)} |")
     out.append("")
 
-    failures = [r for r in results if r.outcome in FAILED]
+    failures = [r for r in results if r.outcome.failed]
     if failures:
         out += ["## Failures", ""]
         for s in suites:
-            fs = [r for r in s.results if r.outcome in FAILED]
+            fs = [r for r in s.results if r.outcome.failed]
             if not fs:
                 continue
             out.append(f"### {s.name}")
             out.append("")
             for r in fs:
-                what = "error" if r.outcome == "error" else "failed"
-                out.append(f"- {_code(r.nodeid)} ({what}, {_fmt_duration(r.duration)})  ")
+                out.append(f"- {_code(r.nodeid)} ({r.outcome}, {_fmt_duration(r.duration)})  ")
                 headline = _code(r.headline) if r.headline else "_no diagnosis headline_"
                 if r.page:
                     out.append(f"  {headline}  ")

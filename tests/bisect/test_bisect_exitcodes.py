@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from pytest_nccl.core.states import Phase
 from pytest_nccl.exitcodes import (
     EXIT_GIT_BISECT_SKIP,
     Failure,
@@ -66,11 +67,11 @@ def test_failure_from_report_duck_types_pytest_reports():
     rep = SimpleNamespace(nodeid="t.py::a", when="call", user_properties=[("nccl_infra", "1")],
                           longrepr=SimpleNamespace(reprcrash=SimpleNamespace(message="RuntimeError: boom\nmore")))
     f = failure_from_report(rep)
-    assert f == Failure("t.py::a", "call", "RuntimeError: boom", infra=True, kind=None)
+    assert f == Failure("t.py::a", "call", "RuntimeError: boom", infra=True, kind=None) and f.when is Phase.CALL
     coll = SimpleNamespace(nodeid="t.py",
                            longrepr="ImportError while importing test module\nE   ModuleNotFoundError: x")
     f = failure_from_report(coll)
-    assert f.when == "collect" and f.crash == "ModuleNotFoundError: x" and is_infrastructure(f)
+    assert f.when is Phase.COLLECT and f.crash == "ModuleNotFoundError: x" and is_infrastructure(f)
     kind = SimpleNamespace(nodeid="n", when="setup", longrepr=None,
                            user_properties=[("nccl_diagnosis_kind", "setup")])
     assert is_infrastructure(failure_from_report(kind))

@@ -17,6 +17,7 @@ from pytest_nccl.bisect.runner import (
     verdict_from_run,
 )
 from pytest_nccl.bisect.search import Verdict
+from pytest_nccl.core.states import CaseOutcome, Phase
 
 JUNIT_FAIL = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0"
 failures="2" tests="3"><testcase classname="suites.trl.test_cpo" name="test_ok" time="1.0" />
@@ -37,10 +38,17 @@ JUNIT_INFRA = """<testsuites><testsuite><testcase classname="t" name="a"><proper
 
 def test_parse_junit_headline_from_property_then_message():
     cases = parse_junit(JUNIT_FAIL)
-    assert [c.outcome for c in cases] == ["passed", "failed", "failed"]
+    assert [c.outcome for c in cases] == [CaseOutcome.PASSED, CaseOutcome.FAILED, CaseOutcome.FAILED]
+    assert all(type(c.outcome) is CaseOutcome for c in cases) and all(c.when is Phase.CALL for c in cases)
     assert cases[1].nodeid == "suites.trl.test_cpo::test_cpo_world2"
     assert cases[1].headline.startswith("shape mismatch in all_gather #3 of group default: rank 0 [2, 7, 32]")
     assert cases[2].headline == "AssertionError: x"
+
+
+def test_parse_junit_tells_a_collection_error_by_its_phase():
+    (case,) = parse_junit(JUNIT_COLLECT)
+    assert case.outcome is CaseOutcome.ERROR and case.when is Phase.COLLECT
+    assert case.as_failure().when is Phase.COLLECT
 
 
 def test_first_line_strips_the_module_path_of_the_exception():
@@ -144,7 +152,8 @@ def test_parse_junit_tells_xfail_from_skip():
                         'message="known bug" /></testcase><testcase classname="t" name="b"><skipped '
                         'type="pytest.skip" message="needs 4 GPUs">t.py:3: needs 4 GPUs</skipped></testcase>'
                         '</testsuite></testsuites>')
-    assert [(c.outcome, c.headline) for c in cases] == [("xfailed", "known bug"), ("skipped", "needs 4 GPUs")]
+    assert [(c.outcome, c.headline) for c in cases] == [(CaseOutcome.XFAILED, "known bug"),
+                                                            (CaseOutcome.SKIPPED, "needs 4 GPUs")]
     assert verdict_from_run(0, cases)[0] is Verdict.GOOD
 
 

@@ -2,8 +2,9 @@
 
 from types import SimpleNamespace
 
+from pytest_nccl.core.states import CaseOutcome
 from pytest_nccl.views import gate
-from pytest_nccl.views.gate import TestResult
+from pytest_nccl.views.gate import SuiteVerdict, TestResult
 
 HEADLINE = "shape mismatch in all_gather #3 of group default: rank 0 [2, 7, 32], rank 1 [2, 5, 32]"
 ENV = {"python": "3.11.7", "platform": "linux x86_64", "torch": "2.13.0+cpu", "cuda": "not available",
@@ -32,10 +33,10 @@ def test_suite_of():
 def test_suite_verdicts():
     suites = {s.name: s for s in gate.group_suites(RESULTS)}
     assert list(suites) == ["suites/gpu", "suites/trl", "suites/zero", "tests"]
-    assert suites["suites/trl"].verdict == "FAIL"
-    assert suites["suites/zero"].verdict == "PASS"  # xfail is expected
-    assert suites["suites/gpu"].verdict == "SKIPPED"
-    assert suites["tests"].verdict == "FAIL"  # an error fails the suite
+    assert suites["suites/trl"].verdict is SuiteVerdict.FAIL
+    assert suites["suites/zero"].verdict is SuiteVerdict.PASS  # xfail is expected
+    assert suites["suites/gpu"].verdict is SuiteVerdict.SKIPPED
+    assert suites["tests"].verdict is SuiteVerdict.FAIL  # an error fails the suite
     assert suites["suites/trl"].duration == 32.5
 
 
@@ -130,13 +131,13 @@ def test_result_from_report():
     assert gate.result_from_report(_rep("setup", "passed")) is None
     assert gate.result_from_report(_rep("call", "passed")) == TestResult("suites/trl/test_a.py::t", "passed", 1.5)
     r = gate.result_from_report(_rep("call", "failed", props=[("nccl_diagnosis", HEADLINE)], longrepr=crash))
-    assert r.outcome == "failed" and r.headline == HEADLINE
+    assert r.outcome is CaseOutcome.FAILED and r.headline == HEADLINE
     r = gate.result_from_report(_rep("call", "failed", longrepr=crash))
     assert r.headline == "pytest_nccl.errors.CollectiveTimeout: stuck"
-    assert gate.result_from_report(_rep("setup", "failed", longrepr=crash)).outcome == "error"
-    assert gate.result_from_report(_rep("setup", "skipped")).outcome == "skipped"
-    assert gate.result_from_report(_rep("call", "skipped", wasxfail="")).outcome == "xfailed"
-    assert gate.result_from_report(_rep("call", "passed", wasxfail="")).outcome == "xpassed"
+    assert gate.result_from_report(_rep("setup", "failed", longrepr=crash)).outcome is CaseOutcome.ERROR
+    assert gate.result_from_report(_rep("setup", "skipped")).outcome is CaseOutcome.SKIPPED
+    assert gate.result_from_report(_rep("call", "skipped", wasxfail="")).outcome is CaseOutcome.XFAILED
+    assert gate.result_from_report(_rep("call", "passed", wasxfail="")).outcome is CaseOutcome.XPASSED
     coll = SimpleNamespace(nodeid="suites/trl/test_b.py", failed=True, longrepr="E   ImportError: x")
     assert gate.result_from_report(coll) == TestResult("suites/trl/test_b.py", "error", 0.0, "ImportError: x")
     assert gate.result_from_report(SimpleNamespace(nodeid="d", failed=False)) is None

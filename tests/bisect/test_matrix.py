@@ -10,6 +10,7 @@ from fakes import FakeBuilder
 from pytest_nccl.__main__ import main as dunder_main
 from pytest_nccl.bisect.envs import BaseInfo, EnvCache
 from pytest_nccl.bisect.matrix import cli as matrix_cli
+from pytest_nccl.bisect.matrix.cells import CellStatus, cell, short_headline, skip_reason
 from pytest_nccl.bisect.matrix.findings import findings, red_ranges
 from pytest_nccl.bisect.matrix.render import render
 from pytest_nccl.bisect.matrix.results import (
@@ -17,10 +18,8 @@ from pytest_nccl.bisect.matrix.results import (
     ResultsError,
     Run,
     TestRecord,
-    cell,
     latest_patches,
     row_labels,
-    skip_reason,
 )
 from pytest_nccl.bisect.runner import CaseResult, RunOutcome
 from pytest_nccl.bisect.search import Verdict
@@ -88,16 +87,16 @@ def test_cells_combine_the_worlds():
                    run_of("1", 4, sft="passed", dpo="skipped", grpo=("failed", "AssertionError: a | b")),
                    run_of("2", 2, sft="passed", dpo="passed", grpo="xfailed"),
                    run_of("2", 4, sft=("error", H), dpo="skipped", grpo="xfailed"))
-    assert cell(r, SFT, "1").text == "pass" and cell(r, SFT, "1").status == "green"
-    assert cell(r, DPO, "1").text == "skip" and cell(r, DPO, "1").status == "skip"
+    assert cell(r, SFT, "1").text == "pass" and cell(r, SFT, "1").status is CellStatus.GREEN
+    assert cell(r, DPO, "1").text == "skip" and cell(r, DPO, "1").status is CellStatus.SKIP
     both = cell(r, GRPO, "1")  # every world failed: the first one's headline, no prefix
-    assert both.status == "red" and both.full == H
+    assert both.status is CellStatus.RED and both.full == H
     assert both.text == "\u274c shape mismatch: all_gather"  # the kind; the whole headline is under Findings
-    assert cell(r, GRPO, "2").text == "xfail" and cell(r, GRPO, "2").status == "green"
+    assert cell(r, GRPO, "2").text == "xfail" and cell(r, GRPO, "2").status is CellStatus.GREEN
     mixed = cell(r, SFT, "2")
     assert mixed.text == "w2 pass; w4: \u274c shape mismatch: all_gather" and mixed.full == f"w2 pass; w4: {H}"
-    assert cell(r, DPO, "2").text == "w2 pass; w4 skip" and cell(r, DPO, "2").status == "green"
-    assert cell(r, SFT, "9").text == "\u00b7" and cell(r, SFT, "9").status == "none"
+    assert cell(r, DPO, "2").text == "w2 pass; w4 skip" and cell(r, DPO, "2").status is CellStatus.GREEN
+    assert cell(r, SFT, "9").text == "\u00b7" and cell(r, SFT, "9").status is CellStatus.NONE
 
 
 def test_cells_escape_pipes_and_name_several_red_worlds():
@@ -111,9 +110,9 @@ def test_cells_without_env_without_run_or_after_a_timeout():
                    Run("1", 4, env_ok=False, env_reason="No solution found"),
                    run_of("2", 2, sft="passed"),
                    Run("2", 4, problem="pytest did not finish within 1800s", exit_code=None))
-    assert cell(r, SFT, "1").text == "\u2014" and cell(r, SFT, "1").status == "noenv"
+    assert cell(r, SFT, "1").text == "\u2014" and cell(r, SFT, "1").status is CellStatus.NO_ENV
     timed = cell(r, SFT, "2")
-    assert timed.status == "red" and timed.text == "w2 pass; w4: \u274c pytest did not finish within 1800s"
+    assert timed.status is CellStatus.RED and timed.text == "w2 pass; w4: \u274c pytest did not finish within 1800s"
     assert cell(r, DPO, "2").text == "w2 \u00b7; w4: \u274c pytest did not finish within 1800s"
 
 
@@ -134,7 +133,7 @@ def test_skip_reason_only_when_always_the_same():
     (["green", "green"], []),
 ])
 def test_red_ranges_bridge_releases_without_verdict_only_between_reds(statuses, ranges):
-    assert red_ranges(statuses) == ranges
+    assert red_ranges([CellStatus(s) for s in statuses]) == ranges
 
 
 def test_findings_ranges_first_bad_fixed_and_newest():
@@ -148,7 +147,7 @@ def test_findings_ranges_first_bad_fixed_and_newest():
     assert f_sft.red_on_newest and f_sft.newest_red == "0.18.0" and f_sft.headline == H
     assert f_sft.first_bad_headlines == [("0.15.0", "old bug"), ("0.16.0", "x")]
     assert f_dpo.range_text() == "0.14.0\u20130.15.0" and f_dpo.first_bad == [] and f_dpo.fixed == ["0.15.1"]
-    assert not f_dpo.red_on_newest and f_dpo.newest_status == "green" and f_dpo.headline == "since ever"
+    assert not f_dpo.red_on_newest and f_dpo.newest_status is CellStatus.GREEN and f_dpo.headline == "since ever"
 
 
 def test_first_bad_names_untested_releases_before_it():
@@ -458,8 +457,6 @@ def test_dunder_main_dispatches_matrix(capsys):
 
 
 def test_short_headlines_name_the_kind_of_failure():
-    from pytest_nccl.bisect.matrix.results import short_headline
-
     assert short_headline(H) == "shape mismatch: all_gather"
     assert short_headline("op mismatch at collective #15 of group default: ranks 0-2 all_gather, rank 3 "
                           "all_reduce (from x.py:1)") == "op mismatch"

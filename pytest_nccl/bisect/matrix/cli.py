@@ -35,6 +35,7 @@ from typing import Callable, Sequence, TextIO
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from ...core.states import CaseOutcome
 from .. import cli as bisect_cli
 from ..heartbeat import Heartbeat
 from ..prober import ProbeConfig, make_request
@@ -189,7 +190,8 @@ def run_record(version: str, world: int, outcome: RunOutcome, packages: dict[str
         raise KeyboardInterrupt
     tests = {}
     for c in outcome.cases:
-        tests[c.nodeid] = TestRecord(c.outcome, "" if c.outcome == "passed" else (c.headline or c.outcome))
+        headline = "" if c.outcome is CaseOutcome.PASSED else (c.headline or c.outcome.value)
+        tests[c.nodeid] = TestRecord(c.outcome, headline)
     problem = None
     if outcome.timed_out or outcome.exit_code not in (0, 1) or (outcome.exit_code == 1 and not tests):
         problem = outcome.headline or f"pytest exited {outcome.exit_code}"
@@ -227,8 +229,7 @@ class Progress:
         self._write(f": cannot install: {reason}", end=True)
 
     def done(self, run: Run) -> None:
-        c = run.counts()
-        parts = [f"{c[k]} {k}" for k in ("passed", "failed", "error", "skipped", "xfailed") if c[k]]
+        parts = [f"{n} {outcome}" for outcome, n in run.counts().items() if n]
         text = f"tests {fmt_seconds(run.seconds)}: " + (", ".join(parts) or "no tests")
         if run.problem:
             text += f" ({run.problem})"

@@ -1,7 +1,7 @@
 """The release matrix's findings: which rows are red on which releases, since when, fixed where
 (:func:`findings`); what is known about them (a notes file, :func:`parse_notes`); and the rows of
 one trainer that read the same, merged into one entry (:func:`group_findings`). Pure, as
-:mod:`.results`, whose cells it reads."""
+:mod:`.results`; it reads the cells of :mod:`.cells`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion
 
 from .. import tomlcompat
-from .results import DASH, Results, ResultsError, cell, row_labels, short_headline
+from .cells import CellStatus, cell, short_headline
+from .results import DASH, Results, ResultsError, row_labels
 
 # --------------------------------------------------------------------------- findings
 
@@ -26,7 +27,7 @@ class Finding:
     first_bad: list[str]  # "0.21.0" or "0.21.0 (0.20.1 untested)"
     fixed: list[str]
     newest: str
-    newest_status: str  # the newest release's cell status
+    newest_status: CellStatus  # the newest release's cell status
     newest_red: str
     headline: str
     #: (release, headline) of each "first bad" release whose headline differs from ``headline``
@@ -34,24 +35,24 @@ class Finding:
 
     @property
     def red_on_newest(self) -> bool:
-        return self.newest_status == "red"
+        return self.newest_status is CellStatus.RED
 
     def range_text(self) -> str:
         return ", ".join(a if a == b else f"{a}{DASH}{b}" for a, b in self.ranges)
 
 
-def red_ranges(statuses: Sequence[str]) -> list[tuple[int, int]]:
+def red_ranges(statuses: Sequence[CellStatus]) -> list[tuple[int, int]]:
     """Index ranges of red releases; releases without a verdict (not red, not green) inside a range
     do not break it when the nearest releases with a verdict on both sides are red."""
     out: list[tuple[int, int]] = []
-    last_verdict: str | None = None
+    last_verdict: CellStatus | None = None
     for i, s in enumerate(statuses):
-        if s == "red":
-            if out and last_verdict == "red":
+        if s is CellStatus.RED:
+            if out and last_verdict is CellStatus.RED:
                 out[-1] = (out[-1][0], i)
             else:
                 out.append((i, i))
-        if s in ("red", "green"):
+        if s.verdict:
             last_verdict = s
     return out
 
@@ -69,13 +70,13 @@ def findings(results: Results, labels: Mapping[str, str] | None = None) -> list[
             continue
         first_bad, fixed, heads = [], [], []
         for a, b in ranges:
-            before = [i for i in range(a) if statuses[i] in ("red", "green")]
-            if before and statuses[before[-1]] == "green":
+            before = [i for i in range(a) if statuses[i].verdict]
+            if before and statuses[before[-1]] is CellStatus.GREEN:
                 gap = versions[before[-1] + 1:a]
                 first_bad.append(versions[a] + (f" ({', '.join(gap)} untested)" if gap else ""))
                 heads.append((versions[a], cells[a].full))
-            after = [i for i in range(b + 1, len(versions)) if statuses[i] in ("red", "green")]
-            if after and statuses[after[0]] == "green":
+            after = [i for i in range(b + 1, len(versions)) if statuses[i].verdict]
+            if after and statuses[after[0]] is CellStatus.GREEN:
                 fixed.append(versions[after[0]])
         last_red = ranges[-1][1]
         newest = cells[last_red].full

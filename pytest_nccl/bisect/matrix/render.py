@@ -6,23 +6,13 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Sequence
 
+from .cells import NO_ENV, NOT_RUN, RED_MARK, CellStatus, cell, md_escape, shorten, skip_reason
 from .findings import FindingGroup, Note, findings, group_findings
-from .results import (
-    KEY_PACKAGES,
-    MARK,
-    NO_ENV,
-    NOT_RUN,
-    RED_MARK,
-    Results,
-    cell,
-    md_escape,
-    row_labels,
-    shorten,
-    skip_reason,
-)
+from .results import KEY_PACKAGES, MARK, Results, row_labels
 
 _SUP = str.maketrans("0123456789", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079")
-_STATUS_WORD = {"red": "red", "green": "pass", "skip": "skip", "none": "not run", "noenv": "cannot install"}
+_STATUS_WORD = {CellStatus.RED: "red", CellStatus.GREEN: "pass", CellStatus.SKIP: "skip", CellStatus.NONE: "not run",
+                CellStatus.NO_ENV: "cannot install"}
 
 
 def _secs(s: float | None) -> str:
@@ -107,7 +97,7 @@ def render_group(g: FindingGroup) -> list[str]:
     if f.fixed:
         parts.append("fixed in " + ", ".join(f.fixed))
     parts.append(f"red on the newest ({f.newest})" if f.red_on_newest
-                 else f"newest {f.newest}: {_STATUS_WORD.get(f.newest_status, f.newest_status)}")
+                 else f"newest {f.newest}: {_STATUS_WORD[f.newest_status]}")
     lines = [f"- **{md_escape(g.title())}**: " + "; ".join(parts)]
     for where, note in g.notes:
         what = "new finding" if note.new else "known"

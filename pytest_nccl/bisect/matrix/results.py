@@ -1,14 +1,17 @@
 """The release matrix (``python -m pytest_nccl matrix``): results model, cells, findings, Markdown.
 
-Pure: data in, data out (no processes, no clock: the caller passes dates). :mod:`.render`
-writes the Markdown from it; :mod:`.cli` runs the releases.
+Pure: data in, data out (no processes, no clock: the caller passes dates). :mod:`.cells` makes
+the cells (a row on a release), :mod:`.findings` the findings, :mod:`.render` the Markdown;
+:mod:`.cli` runs the releases.
 
 Results: one :class:`Run` per (release, world size): whether the release's env could be built,
 the resolved versions of its key packages, the test seconds, and per test nodeid its outcome
-(passed / failed / error / skipped / xfailed) and headline (the plugin's one-line diagnosis, else
+(:class:`~pytest_nccl.core.states.CaseOutcome`) and headline (the plugin's one-line diagnosis, else
 the failure's first line; for a skip, the skip reason). A run whose pytest did not finish or
 exited with neither 0 nor 1 (timeout, collection error, no tests) keeps that reason as
-``problem``: a test it has no record for counts as an error with that reason.
+``problem``: a test it has no record for counts as an error with that reason. An outcome word this
+version does not know (a newer or foreign file) loads as no result for that test, and is written
+back as it was.
 
 Row labels (:func:`row_labels`): the nodeid without the location prefix every row shares
 (directories, and the file too when all rows are in one file), ``::`` between what is left of the
@@ -16,12 +19,6 @@ location and the function, the function's ``test_`` prefix dropped, and a parame
 ``-``-separated parts joined with `` · `` (``test_cell[sft-ragged]`` -> ``cell[sft · ragged]``).
 When the function is the only one of its file, its name is left out: ``sft · ragged``. Two rows
 that would read the same keep their ``test_`` prefix, and if that is not enough, their nodeids.
-
-Cells (:func:`cell`), per (row, release), combining the world sizes: ``pass`` (every world
-passed), ``skip`` (skipped at every world), ``xfail``, ``·`` (no result yet, or the test was not
-collected), ``—`` (the release's env could not be built: said once, under the table), else the
-headline of the first failing world, cut to :data:`CELL_HEADLINE` characters, after the other
-worlds' outcomes when they differ: ``w2 pass; w4: shape mismatch in all_gather #3 ...``.
 
 Findings (:func:`.findings.findings`), for each row that fails (is red) on some release: the red releases as
 ranges in release order; a range is not broken by releases without a verdict (skipped, not run,
@@ -35,22 +32,17 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from packaging.version import InvalidVersion, Version
 
+from ...core.states import CaseOutcome
+
 SCHEMA = 1
-OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed")
-RED = ("failed", "error")
 #: packages whose resolved versions are recorded per release (plus the package itself)
 KEY_PACKAGES = ("transformers", "accelerate", "datasets", "torch")
-CELL_HEADLINE = 60
-RED_MARK = "\u274c"
-NOT_RUN = "\u00b7"
-NO_ENV = "\u2014"
 MARK = "\u2717"
 DASH = "\u2013"
 
@@ -62,8 +54,24 @@ DASH = "\u2013"
 class TestRecord:
     __test__ = False  # not a pytest test class
 
-    outcome: str
+    outcome: CaseOutcome | None  # None: a word this version does not know, kept in ``word``
     headline: str = ""
+    word: str = ""  # the outcome as the results file wrote it, when this version does not know it
+
+    def __post_init__(self):
+        if self.outcome is not None:
+            self.outcome = CaseOutcome(self.outcome)  # an outcome given by its word ("passed") is the member
+
+    @classmethod
+    def read(cls, word: str, headline: str = "") -> "TestRecord":
+        """The record of a results file's outcome word, a word this version does not know included."""
+        outcome = CaseOutcome.read(word)
+        return cls(outcome, headline, "" if outcome is not None else word)
+
+    @property
+    def written(self) -> str:
+        """The outcome as the results file writes it."""
+        return self.outcome.value if self.outcome is not None else self.word
 
 
 @dataclass
@@ -80,10 +88,12 @@ class Run:
     date: str | None = None
     tests: dict[str, TestRecord] = field(default_factory=dict)
 
-    def counts(self) -> dict[str, int]:
-        out = {k: 0 for k in OUTCOMES}
+    def counts(self) -> dict[CaseOutcome, int]:
+        """Tests per outcome (every outcome there, 0 included; an unknown outcome is not counted)."""
+        out = {k: 0 for k in CaseOutcome}
         for rec in self.tests.values():
-            out[rec.outcome] = out.get(rec.outcome, 0) + 1
+            if rec.outcome is not None:
+                out[rec.outcome] += 1
         return out
 
     def to_dict(self) -> dict:
@@ -91,14 +101,14 @@ class Run:
                        "seconds": _round(self.env_seconds)},
                "packages": dict(sorted(self.packages.items())), "seconds": _round(self.seconds),
                "exit_code": self.exit_code, "problem": self.problem, "date": self.date,
-               "tests": {k: ({"outcome": r.outcome, "headline": r.headline} if r.headline else {"outcome": r.outcome})
+               "tests": {k: ({"outcome": r.written, "headline": r.headline} if r.headline else {"outcome": r.written})
                          for k, r in sorted(self.tests.items())}}
         return doc
 
     @classmethod
     def from_dict(cls, version: str, world: int, doc: Mapping) -> "Run":
         env = doc.get("env") or {}
-        tests = {k: TestRecord(str(v.get("outcome")), str(v.get("headline") or ""))
+        tests = {k: TestRecord.read(str(v.get("outcome")), str(v.get("headline") or ""))
                  for k, v in (doc.get("tests") or {}).items()}
         return cls(version, world, env_ok=bool(env.get("ok", True)), env_reason=env.get("reason"),
                    env_seconds=env.get("seconds"), packages=dict(doc.get("packages") or {}),
@@ -281,97 +291,3 @@ def row_labels(nodeids: Sequence[str]) -> dict[str, str]:
                 for n in group:
                     out[n] = fallback(n)
     return out
-
-
-# --------------------------------------------------------------------------- cells
-
-
-@dataclass(frozen=True)
-class Cell:
-    status: str  # red, green, skip, none (no result), noenv
-    text: str  # for the table (short, | escaped)
-    full: str = ""  # the whole headline, with its world prefix (red cells)
-
-
-def shorten(text: str, n: int = CELL_HEADLINE) -> str:
-    text = " ".join((text or "").split())
-    return text if len(text) <= n else text[: n - 1].rstrip() + "\u2026"
-
-
-_MISMATCH = re.compile(r"\b(shape|dtype|op|reduce-op|root|split|p2p peer|p2p tag) mismatch(?: in (\w+))?")
-_SKIPPED = re.compile(r"\bskipped (\w+) #")
-_RAISED = re.compile(r"\braised (?:[\w.]+\.)?(\w+(?:Error|Exception|Mismatch|Timeout|Failure))\b")
-_KILLED = re.compile(r"\b(killed by SIG\w+|exited with code -?\d+)")
-
-
-def short_headline(headline: str) -> str:
-    """The kind of a failure, in a few words, for a matrix cell: ``shape mismatch: all_gather``,
-    ``rank skipped all_reduce``, ``hang``, ``AttributeError``; the full headline goes under Findings.
-    Falls back to the headline cut to 40 characters."""
-    text = " ".join((headline or "").split())
-    m = _MISMATCH.search(text)
-    if m:
-        return f"{m.group(1)} mismatch" + (f": {m.group(2)}" if m.group(2) else "")
-    m = _SKIPPED.search(text)
-    if m:
-        return f"rank skipped {m.group(1)}"
-    if " left the test " in text and " wait" in text:
-        return "hang: a rank left early"
-    if "none completed within" in text or " wait in " in text or " waits in " in text:
-        return "hang"
-    m = _RAISED.search(text)
-    if m:
-        return m.group(1)
-    m = _KILLED.search(text)
-    if m:
-        return m.group(1)
-    return shorten(text, 40) or "failed"
-
-
-def md_escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("|", "\\|")
-
-
-_WORD = {"passed": "pass", "skipped": "skip", "xfailed": "xfail"}
-
-
-def world_result(run: Run | None, nodeid: str) -> tuple[str, str]:
-    """(outcome, headline) of one test in one run: an outcome, ``none`` or ``noenv``."""
-    if run is None:
-        return "none", ""
-    if not run.env_ok:
-        return "noenv", run.env_reason or ""
-    rec = run.tests.get(nodeid)
-    if rec is not None:
-        return rec.outcome, rec.headline
-    if run.problem:
-        return "error", run.problem
-    return "none", ""
-
-
-def cell(results: Results, nodeid: str, version: str, worlds: Sequence[int] | None = None) -> Cell:
-    worlds = list(worlds if worlds is not None else results.worlds)
-    got = [(w, *world_result(results.get(version, w), nodeid)) for w in worlds]
-    if any(o == "noenv" for _, o, _ in got):
-        return Cell("noenv", NO_ENV)
-    red = [(w, h) for w, o, h in got if o in RED]
-    if red:
-        head = red[0][1] or "failed"
-        if len(red) == len(got):
-            return Cell("red", md_escape(f"{RED_MARK} {short_headline(head)}"), head)
-        others = [f"w{w} {_WORD.get(o, NOT_RUN)}" for w, o, _ in got if o not in RED]
-        where = "/".join(f"w{w}" for w, _ in red)
-        return Cell("red", md_escape("; ".join(others + [f"{where}: {RED_MARK} {short_headline(head)}"])),
-                    "; ".join(others + [f"{where}: {head}"]))
-    words = [_WORD.get(o, NOT_RUN) for _, o, _ in got]
-    status = "green" if {"pass", "xfail"} & set(words) else ("skip" if "skip" in words else "none")
-    if len(set(words)) <= 1:
-        return Cell(status, words[0] if words else NOT_RUN)
-    return Cell(status, "; ".join(f"w{w} {word}" for (w, _, _), word in zip(got, words, strict=True)))
-
-
-def skip_reason(results: Results, nodeid: str) -> str | None:
-    """The row's skip reason when every skip of it (all releases, all worlds) gives the same one."""
-    reasons = {run.tests[nodeid].headline for run in results.runs.values()
-               if nodeid in run.tests and run.tests[nodeid].outcome == "skipped"}
-    return reasons.pop() if len(reasons) == 1 and "" not in reasons else None
