@@ -18,7 +18,7 @@ from ..core.groups import rank_ranges
 from ..core.records import CollectiveRecord, RankView
 from ..core.reports import CallOutcome
 from ..core.sites import short_path, short_site
-from ..core.states import RankState
+from ..core.states import RankState, RecordState, Source
 
 TABLE_WIDTH = 120
 CONTEXT_ROWS = 2  # matching rows shown above the divergence
@@ -37,14 +37,14 @@ SHORT_OPS = {
 def _cell(rec: CollectiveRecord | None, width: int) -> str:
     if rec is None:
         return "-".ljust(width)
-    mark = {"completed": "", "entered": " ..", "waiting": " ..w"}.get(rec.state, "")
+    mark = {RecordState.COMPLETED: "", RecordState.ENTERED: " ..", RecordState.WAITING: " ..w"}.get(rec.state, "")
     op, shapes = rec.op, rec.shapes
     if rec.p2p:  # peers: '>1' sends to rank 1, '<*' receives from any
         op = ("batch" if len(rec.p2p) > 1 else op) + " " + " ".join(
             f"{'>' if p.send else '<'}{'*' if p.peer is None else p.peer}" for p in rec.p2p[:3])
     if len(f"{op} {shapes}{mark}") > width:
         op, shapes = SHORT_OPS.get(op, op), shapes.replace(", ", ",")
-    text = f"{op}{'*' if rec.source == 'flight-recorder' else ''} {shapes}".strip() + mark
+    text = f"{op}{'*' if rec.source == Source.FLIGHT_RECORDER else ''} {shapes}".strip() + mark
     if len(text) > width:
         text = text[: width - 1] + "~"
     return text.ljust(width)
@@ -64,7 +64,7 @@ def format_table(ranks: list[RankView], diagnosis: Diagnosis | None, width: int 
                 groups.append(rec.pg)
     if not groups:
         return "(no collectives were recorded on any rank)"
-    from_cpp = any(rec.source == "flight-recorder" for v in ranks for rec in v.records)
+    from_cpp = any(rec.source == Source.FLIGHT_RECORDER for v in ranks for rec in v.records)
     lines = []
     header = " " * (label_w + 2) + " ".join(f"rank {r}".ljust(col) for r in range(world))
     for pg in groups:

@@ -24,7 +24,7 @@ import platform
 from ..core.diagnosis import Diagnosis
 from ..core.records import CollectiveRecord, RankView
 from ..core.sites import short_path
-from ..core.states import RankState
+from ..core.states import RankState, RecordState, Source
 
 US = 1_000_000
 CATEGORY = "collective"
@@ -83,7 +83,7 @@ class _Args:
             args["async"] = True
         if rec.site:
             args["site"] = self.site(rec.site)
-        if rec.source != "python":
+        if rec.source != Source.PYTHON:
             args["source"] = rec.source
         if rec.fr_seq is not None:
             args["fr_seq"] = rec.fr_seq
@@ -131,15 +131,15 @@ def trace_events(nodeid: str, ranks: list[RankView], diagnosis: Diagnosis | None
         end = rank_end(view, elapsed)
         for rec in view.records:
             start = rec.t_start
-            if rec.state == "completed":
+            if rec.state == RecordState.COMPLETED:
                 stop = start + (rec.duration or 0.0)
             else:
                 stop = max(start, end)
             args = make_args(rec)
-            ev = {"ph": "X", "name": slice_name(rec), "cat": CATEGORY if rec.source == "python" else rec.source,
+            ev = {"ph": "X", "name": slice_name(rec), "cat": CATEGORY if rec.source == Source.PYTHON else rec.source,
                   "pid": pid, "tid": tid, "ts": _us(start), "dur": round(max(0.0, stop - start) * US, 3),
                   "args": args}
-            if rec.state != "completed":
+            if rec.state != RecordState.COMPLETED:
                 args["ends"] = "verdict" if end == elapsed else f"rank {view.status}"
             if position is not None and (rec.pg, rec.seq) == position:
                 args["diverging"] = True
