@@ -333,8 +333,7 @@ def run(ns, out: TextIO, *, err: TextIO | None = None, index=None, make_cache=No
         return 1 if swept.bad else 0
 
     mode = search.direction(ns.good, ns.bad)
-    out.write(f"{'regression' if mode == 'regression' else 'fix'}: good {ns.good}, bad {ns.bad} -> looking for "
-              f"the {'first bad' if mode == 'regression' else 'first fixed'} release\n")
+    out.write(f"{mode.value}: good {ns.good}, bad {ns.bad} -> looking for the {mode.label} release\n")
     reporter = TerminalReporter(out, verbose=ns.verbose)
     roles = {ns.good: "good bound", ns.bad: "bad bound"}
     prober = ReleaseProber(cache, by_version, config, reporter=reporter, roles=roles, step=step, **extra_kw)
@@ -346,7 +345,7 @@ def run(ns, out: TextIO, *, err: TextIO | None = None, index=None, make_cache=No
         if e.probe.detail:
             err.write(f"  log: {e.probe.detail}\n")
         return EXIT_BOUNDS
-    if result.first not in result.probes and result.mode == "regression":
+    if result.first not in result.probes and result.mode is search.Direction.REGRESSION:
         # bounds trusted: probe the answer once for its headline
         result.probes[result.first] = prober(result.first)
     for ln in render_bisect(result, ns.package):

@@ -8,7 +8,7 @@ from typing import TextIO
 from packaging.version import Version
 
 from .runner import RunOutcome
-from .search import BisectResult, Probe, SweepResult, Verdict
+from .search import BisectResult, Direction, Probe, SweepResult, Verdict
 
 DASH = "\u2014"
 
@@ -76,7 +76,7 @@ def render_bisect(result: BisectResult, package: str) -> list[str]:
         p = result.probes[v]
         extra = f"  {p.headline}" if p.headline else ""
         lines.append(f"  {v:<12} {p.verdict.value:<5}{extra}".rstrip())
-    if result.mode == "regression":
+    if result.mode is Direction.REGRESSION:
         head = result.first_probe.headline if result.first_probe else None
         final = f"first bad: {package} {result.first}"
     else:
@@ -87,7 +87,7 @@ def render_bisect(result: BisectResult, package: str) -> list[str]:
             head = f"last bad {result.last_old}: {head}"
     if result.ambiguous:
         lines.append(f"note: {', '.join(result.ambiguous)} could not be tested; "
-                     f"the {'first bad' if result.mode == 'regression' else 'first fixed'} release is one of "
+                     f"the {result.mode.label} release is one of "
                      f"{', '.join(result.ambiguous + [result.first])}")
         final += f" (or one of the untested {', '.join(result.ambiguous)})"
     if head:

@@ -29,6 +29,16 @@ class Verdict(str, enum.Enum):
     SKIP = "skip"
 
 
+class Direction(str, enum.Enum):
+    """What a bisect looks for, from the order of its bounds."""
+    REGRESSION = "regression"  # good older than bad: the first bad release
+    FIX = "fix"                # bad older than good: the first fixed release
+
+    @property
+    def label(self) -> str:
+        return "first bad" if self is Direction.REGRESSION else "first fixed"
+
+
 @dataclass
 class Probe:
     """What one probed version gave."""
@@ -53,7 +63,7 @@ class BoundsError(Exception):
 
 @dataclass
 class BisectResult:
-    mode: str  # "regression" (answer: first bad) or "fix" (answer: first fixed)
+    mode: Direction
     first: str  # the first version with the newer bound's state
     last_old: str  # the last version known to have the older bound's state
     #: skipped versions between last_old and first: any of them may be the real answer
@@ -63,7 +73,7 @@ class BisectResult:
 
     @property
     def label(self) -> str:
-        return "first bad" if self.mode == "regression" else "first fixed"
+        return self.mode.label
 
     @property
     def first_probe(self) -> Probe | None:
@@ -107,12 +117,12 @@ class SweepResult:
         return runs
 
 
-def direction(good: str, bad: str) -> str:
-    """``"regression"`` when good is older than bad, ``"fix"`` when newer."""
+def direction(good: str, bad: str) -> Direction:
+    """A regression when good is older than bad, a fix when newer."""
     g, b = Version(good), Version(bad)
     if g == b:
         raise ValueError(f"--good and --bad are the same version ({good})")
-    return "regression" if g < b else "fix"
+    return Direction.REGRESSION if g < b else Direction.FIX
 
 
 def steps_left(n_between: int) -> int:
@@ -139,10 +149,10 @@ def bisect(versions: Sequence[str], good: str, bad: str, probe: Callable[[str], 
     cannot be tested. ``on_step(remaining, steps)`` is called before each probe inside the range.
     """
     mode = direction(good, bad)
-    old_state, new_state = (Verdict.GOOD, Verdict.BAD) if mode == "regression" else (Verdict.BAD, Verdict.GOOD)
+    old_state, new_state = (Verdict.GOOD, Verdict.BAD) if mode is Direction.REGRESSION else (Verdict.BAD, Verdict.GOOD)
     ordered = sorted(versions, key=Version)
     index = {Version(v): i for i, v in enumerate(ordered)}
-    older, newer = (good, bad) if mode == "regression" else (bad, good)
+    older, newer = (good, bad) if mode is Direction.REGRESSION else (bad, good)
     try:
         lo, hi = index[Version(older)], index[Version(newer)]
     except KeyError as e:

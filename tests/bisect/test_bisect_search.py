@@ -4,6 +4,7 @@ import pytest
 
 from pytest_nccl.bisect.search import (
     BoundsError,
+    Direction,
     Probe,
     Verdict,
     bisect,
@@ -35,8 +36,8 @@ CPO_BAD = {"0.14.0", "0.15.0", "0.15.1", "0.15.2", "0.16.0", "0.16.1"}  # broken
 
 
 def test_direction():
-    assert direction("0.13.0", "0.16.1") == "regression"
-    assert direction("0.19.0", "0.14.0") == "fix"
+    assert direction("0.13.0", "0.16.1") is Direction.REGRESSION
+    assert direction("0.19.0", "0.14.0") is Direction.FIX
     with pytest.raises(ValueError):
         direction("1.0", "1.0.0")
 
@@ -44,7 +45,8 @@ def test_direction():
 def test_first_bad():
     fake = Fake(bad=CPO_BAD)
     r = bisect(VERSIONS, "0.13.0", "0.16.1", fake)
-    assert (r.mode, r.label, r.first, r.last_old, r.ambiguous) == ("regression", "first bad", "0.14.0", "0.13.0", [])
+    assert (r.mode, r.label, r.first, r.last_old, r.ambiguous) == (
+        Direction.REGRESSION, "first bad", "0.14.0", "0.13.0", [])
     assert r.first_probe.headline.endswith("(0.14.0)")
     assert fake.calls[:2] == ["0.13.0", "0.16.1"]  # bounds first
     assert len(fake.calls) == len(set(fake.calls)) <= 2 + 3  # log2(5 between) ~ 3 probes
@@ -53,7 +55,7 @@ def test_first_bad():
 def test_first_fixed_with_bounds_the_other_way_round():
     fake = Fake(bad=CPO_BAD)
     r = bisect(VERSIONS, good="0.19.0", bad="0.14.0", probe=fake)
-    assert (r.mode, r.label, r.first, r.last_old) == ("fix", "first fixed", "0.17.0", "0.16.1")
+    assert (r.mode, r.label, r.first, r.last_old) == (Direction.FIX, "first fixed", "0.17.0", "0.16.1")
     assert r.probes["0.16.1"].verdict is Verdict.BAD
 
 
