@@ -20,6 +20,7 @@ from conftest import assert_no_leftovers, line_of
 from watch_support import free_port, job_env
 
 from pytest_nccl.core.agreement import Digest
+from pytest_nccl.core.messages import AgentRequest
 from pytest_nccl.core.reports import RankReport
 from pytest_nccl.core.states import RankState
 from pytest_nccl.watch.channel import KEEP_CHUNKS, Channel
@@ -133,9 +134,12 @@ def test_a_question_for_a_rank_is_answered_by_its_node_s_watch():
             time.sleep(0.01)
     server = threading.Thread(target=serve)
     server.start()
-    assert asking.ask(1, "dump", timeout=5) == {"stack": "answer to dump"}
+    assert asking.ask(1, AgentRequest.DUMP, timeout=5) == {"stack": "answer to dump"}
     server.join()
-    assert asking.ask(2, "dump", timeout=0.1) is None  # nobody answers for rank 2
+    assert asking.ask(2, AgentRequest.DUMP, timeout=0.1) is None  # nobody answers for rank 2
+    store.set(owning._k("ask", 3, "count"), b"1")  # a word of another version: read, not an error
+    store.set(owning._k("ask", 3, 0), b"stacks-please")
+    assert owning.questions(3) == [(0, None)]
 
 
 def test_a_store_that_went_away_makes_the_channel_lost_not_an_error():
@@ -144,7 +148,7 @@ def test_a_store_that_went_away_makes_the_channel_lost_not_an_error():
             raise RuntimeError("Connection reset by peer")
     channel = Channel(Gone(), "j/0")
     assert channel.pull(0, 0) == (0, b"") and channel.lost
-    assert channel.ask(0, "dump", 1.0) is None and channel.exit_report(0) is None
+    assert channel.ask(0, AgentRequest.DUMP, 1.0) is None and channel.exit_report(0) is None
     channel.push(0, b"x")  # no error either
 
 

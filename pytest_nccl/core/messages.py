@@ -29,7 +29,7 @@ SPMD: the launcher's c10d store (``spmd/store.py`` names the keys)
 Watch: files in the job's directory and each rank's agent socket (``watch/jobdir.py`` names them)
     rank-<R>.json        ``watch.jobdir`` rank info (JSON): pid, host, world, backend
     exit-<R>.json        the rank's ``RankReport`` (JSON form), written at exit
-    agent socket         one request word per connection, answered with one JSON object
+    agent socket         one ``AgentRequest`` word per connection, answered with one JSON object
 
 Ranks a test starts itself: a socketpair, pickled (``launched.py`` <-> ``watch/intest.py``, the
 session's helper process, which follows each test's directory as the watch follows a job's)
@@ -48,7 +48,7 @@ import json
 from dataclasses import dataclass, field
 
 from .reports import RankReport
-from .states import Kind, RankState
+from .states import Kind, RankState, Word
 
 
 class CallKind(str, enum.Enum):
@@ -56,6 +56,21 @@ class CallKind(str, enum.Enum):
     TEST = "test"          # a test function marked nccl: its return value is ignored
     FUNCTION = "fn"        # nccl_world.run(fn): the return value is sent back, pickled
     ADOPTED = "adopted"    # a test of torch's MultiProcessTestCase family: its class's own per-rank entry
+
+
+class AgentRequest(Word):
+    """What a watched rank's agent is asked (one word on its socket, or through the channel between
+    watches for a rank of another node)."""
+    STATUS = "status"   # the Flight Recorder's progress per group: {"fr": ...}
+    DUMP = "dump"       # every thread's stack and the Flight Recorder, once a verdict is near
+    FR = "fr"           # the Flight Recorder's JSON alone
+
+    @classmethod
+    def read(cls, word: str) -> "AgentRequest | None":
+        try:
+            return cls(word)
+        except ValueError:
+            return None
 
 
 class Harness(str, enum.Enum):

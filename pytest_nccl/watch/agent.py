@@ -23,6 +23,7 @@ import socket
 import threading
 import time
 
+from ..core.messages import AgentRequest
 from ..rank import flight_api, tracer
 from ..rank.stacks import THREAD_PREFIX, format_stacks
 from . import jobdir
@@ -137,11 +138,12 @@ class Agent:
                 break
             request += chunk
         what = request.strip().decode(errors="replace")
-        if what == "status":
+        asked = AgentRequest.read(what)
+        if asked is AgentRequest.STATUS:
             reply = {"fr": fr_status()}
-        elif what == "dump":
+        elif asked is AgentRequest.DUMP:
             reply = dump()
-        elif what == "fr":
+        elif asked is AgentRequest.FR:
             reply = {"fr_json": tracer.flight_recorder_json()}
         else:
             reply = {"error": f"unknown request {what!r}"}

@@ -42,6 +42,7 @@ import threading
 import time
 from typing import Callable
 
+from ..core.messages import AgentRequest
 from ..core.reports import RankReport
 from .jobdir import RankInfo
 from .timing import TIMING
@@ -158,12 +159,12 @@ class Channel:
         return _tuples(_decoded(self._get(self._k("progress", rank))))
 
     # -- questions for a rank's agent, relayed by the watch that owns the rank ----------------------------
-    def ask(self, rank: int, request: str, timeout: float) -> dict | None:
-        """The rank's agent's answer to ``request`` ("dump", "fr", "status"), through its node's watch."""
+    def ask(self, rank: int, request: AgentRequest, timeout: float) -> dict | None:
+        """The rank's agent's answer to ``request``, through its node's watch."""
         n = self._call(_add, self._k("ask", rank, "count"), 1)
         if n is None:
             return None
-        self._set(self._k("ask", rank, n - 1), request)
+        self._set(self._k("ask", rank, n - 1), request.value)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not self.lost:
             raw = self._get(self._k("answer", rank, n - 1))
@@ -172,8 +173,9 @@ class Channel:
             time.sleep(TIMING.ask_poll)
         return None
 
-    def questions(self, rank: int) -> list[tuple[int, str]]:
-        """Questions for ``rank`` not answered yet by this watch: (number, request)."""
+    def questions(self, rank: int) -> list[tuple[int, AgentRequest | None]]:
+        """Questions for ``rank`` not answered yet by this watch: (number, request; None for a word
+        this version does not know)."""
         def questions(store):
             count = store.add(self._k("ask", rank, "count"), 0)
             answered = self._answered.get(rank, set())
@@ -181,7 +183,7 @@ class Channel:
             for i in range(max(0, count - 16), count):  # the latest questions: older ones timed out
                 key = self._k("ask", rank, i)
                 if i not in answered and store.check([key]):
-                    out.append((i, store.get(key).decode()))
+                    out.append((i, AgentRequest.read(store.get(key).decode(errors="replace"))))
             return out
         return self._call(questions, default=[])
 

@@ -12,6 +12,7 @@ import threading
 from typing import BinaryIO
 
 from ..core.journal import JournalTail
+from ..core.messages import AgentRequest
 from ..core.reports import RankReport
 from ..core.states import RankState
 from . import jobdir
@@ -99,12 +100,12 @@ class LocalRank:
         self.journal = JournalFile(jobdir.journal(directory, rank))
         self.exit_code: int | None = None  # seen while the process was a zombie
 
-    def ask(self, request: str, timeout: float) -> dict | None:
+    def ask(self, request: AgentRequest, timeout: float) -> dict | None:
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
                 s.settimeout(timeout)
                 s.connect(jobdir.socket_path(self.directory, self.rank))
-                s.sendall(request.encode() + b"\n")
+                s.sendall(request.value.encode() + b"\n")
                 chunks = []
                 while True:
                     chunk = s.recv(1 << 16)
@@ -178,7 +179,7 @@ class RemoteRank:
         self.rank, self.info, self.channel = rank, info, channel
         self.journal = RemoteJournal(channel, rank)
 
-    def ask(self, request: str, timeout: float) -> dict | None:
+    def ask(self, request: AgentRequest, timeout: float) -> dict | None:
         return self.channel.ask(self.rank, request, timeout)
 
     def gone(self) -> bool:
@@ -212,11 +213,11 @@ class Followed:
     def local(self) -> bool:
         return not self.source.remote
 
-    def ask(self, request: str, timeout: float) -> dict | None:
+    def ask(self, request: AgentRequest, timeout: float) -> dict | None:
         return self.source.ask(request, timeout)
 
 
-def ask_all(followed: list, request: str, timeout: float) -> dict:
+def ask_all(followed: list, request: AgentRequest, timeout: float) -> dict:
     """Ask several ranks at once; rank -> answer (None when it did not answer in time)."""
     answers: dict = {}
     threads = [threading.Thread(target=lambda f=f: answers.__setitem__(f.rank, f.ask(request, timeout)),

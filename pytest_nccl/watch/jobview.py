@@ -12,6 +12,7 @@ from typing import Protocol
 
 from ..core.call import Dumps, flight_recorder_merged
 from ..core.flight import with_flight_recorder
+from ..core.messages import AgentRequest
 from ..core.records import RankView
 from ..core.reports import RankReport
 from ..core.states import RankState, Reason
@@ -56,7 +57,7 @@ class JobView:
         """The window merged with the Flight Recorder of the ranks that answer."""
         fr_json = {}
         live = [f for f in self.m.ranks.values() if f.state is None]
-        for r, answer in ask_all(live, "fr", TIMING.stacks_wait).items():
+        for r, answer in ask_all(live, AgentRequest.FR, TIMING.stacks_wait).items():
             if answer and answer.get("fr_json"):
                 fr_json[r] = answer["fr_json"]
                 try:  # fresher than the last status poll
@@ -76,7 +77,7 @@ class JobView:
 
     def dumps(self, reason: Reason, live: list[int]) -> Dumps:
         followed = [f for f in self.m.ranks.values() if f.state is None]
-        self.answers = answers = ask_all(followed, "dump", TIMING.stacks_wait)
+        self.answers = answers = ask_all(followed, AgentRequest.DUMP, TIMING.stacks_wait)
         dumps = Dumps()
         for r, answer in answers.items():
             if not answer:

@@ -18,6 +18,7 @@ from typing import Callable
 
 from ..core.call import CallDriver, Dumps
 from ..core.diagnosis.wording import JOB
+from ..core.messages import AgentRequest
 from ..core.referee import Referee
 from ..core.reports import CallOutcome, RankReport
 from ..core.states import RankState, Reason
@@ -207,7 +208,7 @@ class Monitor:
                 if not f.local and nodes is not None:  # as its node's watch last asked
                     f.fr_progress = nodes.channel.progress(f.rank)
                     continue
-                answer = f.ask("status", 1.0)
+                answer = f.ask(AgentRequest.STATUS, 1.0)
                 if answer is not None and answer.get("fr"):
                     f.fr_progress = fr_progress(answer["fr"])
                     if nodes is not None:

@@ -51,7 +51,8 @@ class Nodes:
             for rank, f in list(self.local().items()):
                 self._publish(rank, f)
                 for number, request in self.channel.questions(rank):
-                    self.channel.answer(rank, number, f.ask(request, TIMING.stacks_wait))
+                    answer = f.ask(request, TIMING.stacks_wait) if request is not None else {"error": "unknown request"}
+                    self.channel.answer(rank, number, answer)
             if first:
                 first = False
                 self.channel.synced()
