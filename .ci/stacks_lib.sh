@@ -25,6 +25,30 @@ mkdir -p "$OUT" "$CACHE"
 log() { printf '[%s %s] %s\n' "$STACKS_NAME" "$(date +%H:%M:%S)" "$*"; }
 _quiet_pip() { "$@" 2>&1 | grep -v '^WARNING: Location' >&2; }
 
+# _seed_for NAME -> echoes a built stack whose pins are NAME's but for its first package's version
+# (trl-0.15.1 for trl-0.15.0, verl-0.7.1 for verl-0.7.0): NAME starts as a copy of it and pip changes
+# that one package, seconds instead of minutes of installing the same dependencies again
+_seed_for() {
+  local name=$1 other rest=${PINS[$1]#* }
+  [[ ${PINS[$1]} == *" "* ]] || return 1
+  for other in "${!PINS[@]}"; do
+    if [[ $other != "$name" && ${PINS[$other]} == *" "* && ${PINS[$other]#* } == "$rest" && -x $CACHE/$other/bin/python \
+          && "$(cat "$CACHE/$other/.stack-stamp" 2>/dev/null)" == "$TORCH_PIN ${PINS[$other]} pytest" ]]; then
+      echo "$CACHE/$other"; return 0
+    fi
+  done
+  return 1
+}
+
+# _copy_venv FROM TO: a venv copied whole, its scripts' and activation files' paths made TO's (its
+# python finds its packages from where it is run: pyvenv.cfg beside bin/)
+_copy_venv() {
+  local from=$1 to=$2
+  cp -a "$from" "$to" || return 1
+  rm -f "$to/.stack-stamp"
+  { grep -rlI --null "$from" "$to/bin" || true; } | xargs -0 -r sed -i "s|$from|$to|g"  # none: nothing to change
+}
+
 # build_stack NAME -> echoes the venv's python; cached by a stamp of the pins
 build_stack() {
   local name=$1 pins=${PINS[$1]:-} venv=$CACHE/$1
@@ -32,10 +56,16 @@ build_stack() {
   if [[ -x $venv/bin/python && -f $venv/.stack-stamp && "$(cat "$venv/.stack-stamp")" == "$stamp" ]]; then
     log "$name: cached venv $venv" >&2
   else
-    log "$name: building $venv ($pins)" >&2
     rm -rf "$venv"
-    "$PYTHON" -m venv "$venv" || return 1
-    _quiet_pip "$venv/bin/python" -m pip install -q "$TORCH_PIN" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+    local seed
+    if seed=$(_seed_for "$name"); then
+      log "$name: building $venv ($pins) from a copy of $seed" >&2
+      _copy_venv "$seed" "$venv" || return 1
+    else
+      log "$name: building $venv ($pins)" >&2
+      "$PYTHON" -m venv "$venv" || return 1
+      _quiet_pip "$venv/bin/python" -m pip install -q "$TORCH_PIN" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+    fi
     # never a CUDA build: that is a multi-GB download and not what these stacks test
     "$venv/bin/python" -c 'import sys, torch; sys.exit(torch.version.cuda is not None)' \
       || { log "$name: torch is not the CPU build; refusing" >&2; return 1; }
