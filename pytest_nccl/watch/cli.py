@@ -36,6 +36,7 @@ from .joining import JoiningProcesses
 from .monitor import Monitor
 from .outcome import (
     EXIT_DIAGNOSED,
+    SELF_JUDGED,
     Action,
     Attempt,
     attempt_of,
@@ -339,6 +340,8 @@ class Watch:
                 finding = self.monitor.agree(finding)
                 self._report(finding, title=f"the job ended on its own (exit status {job_code}); its journals show")
                 self.finding = finding
+            elif self.monitor.self_judged and not self.args.quiet:
+                say(f"{PROG}: {SELF_JUDGED}")
             elif self.monitor.unseen() and not self.args.quiet:  # said, never a verdict
                 say(f"{PROG}: {rank_list(self.monitor.unseen())} (on another node) could not be followed to "
                     "the end: the channel to that node's watch ended; this node's ranks ended cleanly")

@@ -188,12 +188,13 @@ def _wrap_init_process_group() -> None:
     def init_process_group(*args, **kwargs):
         if _forked:  # installed here, not at the fork: a forked process that creates no group pays nothing
             _install_tracer()
-        joining = _joining(real, args, kwargs, sys._getframe(1))
+        caller = sys._getframe(1)
+        joining = _joining(real, args, kwargs, caller)
         try:
             return real(*args, **kwargs)
         finally:
             _unlink(joining)
-            _started()
+            _started(_by_pytest_nccl(caller))
 
     vars(init_process_group)[WRAPPED] = True
     # torch's own modules that bound the name at import time (torch.distributed among them)
@@ -267,7 +268,24 @@ def _wrap_sys_exit() -> None:
     sys.exit = exit
 
 
-def _started() -> None:
+# the modules from which pytest-nccl's own ranks create their default group: the forked ranks' loop
+# (the adopted tests of torch's harnesses run inside it) and SPMD mode's group
+OWN_RANKS = ("pytest_nccl.rank.loop", "pytest_nccl.spmd.group")
+
+
+def _by_pytest_nccl(frame) -> bool:
+    """``init_process_group`` called (at any depth) from pytest-nccl's own ranks: a pytest-nccl
+    session inside the watched job (``pytest-nccl watch -- torchrun -m pytest``, or a test that runs
+    one) judges that rank's collectives itself, test by test; judged twice, one hang would get two
+    verdicts, the outer one ending a session whose inner one goes on to the next test."""
+    while frame is not None:
+        if frame.f_globals.get("__name__") in OWN_RANKS:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _started(self_judged: bool = False) -> None:
     global _rank
     if _rank is not None and _rank.pid == os.getpid():
         return  # a default group created again: the same journal goes on
@@ -276,7 +294,7 @@ def _started() -> None:
 
         if not dist.is_initialized():
             return  # init_process_group raised
-        _rank = _Rank(os.environ[jobdir.ENV_DIR])
+        _rank = _Rank(os.environ[jobdir.ENV_DIR], self_judged)
         _rank.start()
     except Exception as exc:  # never stop the user's process: said, it runs unfollowed
         _warn(f"pytest-nccl watch cannot follow this rank ({type(exc).__name__}: {exc})")
@@ -285,9 +303,10 @@ def _started() -> None:
 class _Rank:
     """This process as a rank of the watched job."""
 
-    def __init__(self, base: str):
+    def __init__(self, base: str, self_judged: bool = False):
         import torch.distributed as dist
 
+        self.self_judged = self_judged
         self.attempt = jobdir.attempt_of(os.environ)
         self.directory = jobdir.attempt_dir(base, self.attempt)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -333,7 +352,7 @@ class _Rank:
             # watches of several nodes see each other's ranks (channel.py)
             local_world=os.environ.get("LOCAL_WORLD_SIZE"), node=os.environ.get("GROUP_RANK"),
             master_addr=os.environ.get("MASTER_ADDR"), master_port=os.environ.get("MASTER_PORT"),
-            run_id=os.environ.get("TORCHELASTIC_RUN_ID")).to_dict())
+            run_id=os.environ.get("TORCHELASTIC_RUN_ID"), self_judged=self.self_judged).to_dict())
 
     def _multiprocessing_exit(self) -> None:
         """In a multiprocessing child, the exit record is written by multiprocessing's exit path (a

@@ -184,6 +184,9 @@ class RankInfo:
     master_addr: str | None = None   # the job's store (several nodes: channel.py)
     master_port: str | None = None
     run_id: str | None = None
+    # a rank of a pytest-nccl session (its forked or adopted ranks, SPMD mode): that session bounds
+    # and judges its collectives test by test; the watch follows its process only
+    self_judged: bool = False
 
     @property
     def local_ranks(self) -> int | None:

@@ -63,11 +63,18 @@ class Monitor:
         """Ranks run on other nodes too."""
         return self.node_count > 1
 
+    @property
+    def self_judged(self) -> bool:
+        """The ranks are a pytest-nccl session's (``RankInfo.self_judged``): it bounds and judges their
+        collectives test by test, and its exit status says how they went; the watch follows the
+        job's processes only (they end with it), and gives no verdict of its own."""
+        return any(f.info.self_judged for f in self.ranks.values())
+
     def poll(self, now: float) -> Reason | None:
         if now >= self._next_scan and (self.referee is None or len(self.ranks) < self.world):
             self._next_scan = now + TIMING.scan_every
             self._discover(now)
-        if self.referee is None:
+        if self.referee is None or self.self_judged:
             return None
         for f in list(self.ranks.values()):
             self._read(f)
@@ -265,7 +272,7 @@ class Monitor:
         status the watch saw it end with: Ray ends its actors so once the driver is done (SIGTERM,
         which Ray's handler turns into status 1, or a quick exit from C++), and a script may end
         with ``os._exit(0)``. Not a rank that died."""
-        if self.referee is None:
+        if self.referee is None or self.self_judged:
             return None
         for f in self.ranks.values():
             self._read(f)

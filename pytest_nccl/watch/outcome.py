@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from ..core.judge import launcher_restarts
 
 EXIT_DIAGNOSED = 3
+# the line at the end of a job whose ranks were a pytest-nccl session's (``Monitor.self_judged``)
+SELF_JUDGED = ("the job's ranks were a pytest-nccl session's, which judged their collectives itself, test by "
+               "test (its report above); the watch followed the job's processes only")
 EXIT_DIAGNOSED_KEPT = 4
 
 
