@@ -157,6 +157,39 @@ def test_sigkill_of_pytest_takes_ranks_down(pytester):
     assert not any(os.path.exists(d) for d in workdirs), f"{workdirs} outlived pytest"
 
 
+def test_sigkill_of_pytest_leaves_no_directory_of_the_helper_that_follows_tests_own_ranks(pytester):
+    """The helper process that follows the ranks tests start themselves (docs/launched.md) has a
+    directory; pytest removes it at its session's end, and the helper when pytest was killed."""
+    import glob
+    import shutil
+    import tempfile
+
+    pytester.makepyfile(test_sleeps="import time\n\n\ndef test_sleeps():\n    time.sleep(600)\n")
+    tag = uuid.uuid4().hex
+    tmp = tempfile.mkdtemp(prefix="k", dir="/tmp")  # short: the directory holds unix sockets
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_NCCL_WATCH_DIR"}
+    env.update(PYTEST_NCCL_TEST_TAG=tag, TMPDIR=tmp)
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_sleeps.py"],
+                            cwd=pytester.path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not glob.glob(os.path.join(tmp, "pytest-nccl-watch-*")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        made = glob.glob(os.path.join(tmp, "pytest-nccl-watch-*"))
+        assert made, "the helper's directory never appeared"
+        proc.kill()
+        proc.wait(10)
+        assert_no_leftovers(tag, wait=10)
+        deadline = time.monotonic() + 10
+        while any(os.path.exists(d) for d in made) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(os.path.exists(d) for d in made), f"{made} outlived pytest"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _workdirs(tag: str) -> set:
     """The ``pytest-nccl-*`` directories that the tagged processes have files open in."""
     found = set()

@@ -15,6 +15,7 @@ A test's processes: ``testprocs.TestProcesses``.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import time
@@ -57,6 +58,8 @@ class Helper:
                 self._abandon()
                 # what a test left running before any process of it imported torch: at the latest now
                 TestProcesses(TestCall(0, self.base, 1 << 62, 0.0), self.pytest_pid, every_test=True).end()
+                # pytest removes the directory at its session's end; killed, it cannot
+                shutil.rmtree(self.base, ignore_errors=True)
                 return 0
             if isinstance(message, TestEnded):
                 self._ended(message)
