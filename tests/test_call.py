@@ -101,3 +101,19 @@ def test_the_bound_ends_a_call_whose_ranks_never_finish():
     outcome, transport, clock = drive(journals, [], bound=5.0)
     assert outcome.reason == Reason.TIMEOUT and clock.now == 5.0
     assert transport.log[0] == ("dumps", [0, 1])
+
+
+def test_the_watch_gives_a_rank_a_moment_behind_the_others_time_to_reach_the_collective():
+    """Under the watch (JOB_RULES) a rank that finishes 1.5 s after the decision is taken as what it
+    became; with the test modes' settle it is reported as still running."""
+    from pytest_nccl.watch.monitor import JOB_RULES
+
+    journals = {0: [record(0, 1), record(0, 2, state="entered")], 1: [record(1, 1)], 2: [record(2, 1)]}
+    events = [(0.1, 1, RankState.PASSED), (1.6, 2, RankState.PASSED)]
+    statuses = {}
+    for name, timing in (("tests", TIMING), ("job", JOB_RULES)):
+        clock = Clock()
+        referee = Referee(3, 60.0, 0.0, timing=timing)
+        outcome = CallDriver(referee, FakeTransport(clock, referee, journals, list(events)), clock).run()
+        statuses[name] = outcome.views[2].status
+    assert statuses == {"tests": RankState.RUNNING, "job": RankState.PASSED}

@@ -14,11 +14,13 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import replace
 from typing import Callable
 
 from ..core.call import CallDriver, Dumps
 from ..core.diagnosis.wording import JOB
 from ..core.messages import AgentRequest
+from ..core.referee import TIMING as RULES
 from ..core.referee import Referee
 from ..core.reports import CallOutcome, RankReport
 from ..core.states import RankState, Reason
@@ -32,6 +34,13 @@ from .nodes import Nodes
 from .rankreport import report_of
 from .timing import TIMING
 from .window import Window
+
+# The rules' timing for a job: once decided, a rank outside any collective gets 2 s (the test modes:
+# 0.3 s) to reach it before the report says where each rank is. A job's ranks run real steps between
+# collectives, and on a loaded host one may lag by a second: a shape mismatch that gloo rejected on
+# rank 0 at once was reported with two ranks "never entered it" (the soak, 1 round in 9). It ends as
+# soon as every running rank waits in a collective, so a verdict is late by 2 s at most.
+JOB_RULES = replace(RULES, settle=2.0)
 
 
 class Monitor:
@@ -136,7 +145,7 @@ class Monitor:
         other nodes too: reach their watches through the job's store."""
         self.world = info.world
         self.t0 = now
-        self.referee = Referee(self.world, self.timeout, now, trace=True, rolling=True)
+        self.referee = Referee(self.world, self.timeout, now, trace=True, rolling=True, timing=JOB_RULES)
         self.driver = CallDriver(self.referee, self.view)
         local_world = info.local_ranks or self.world
         self.node_count = -(-self.world // local_world)
