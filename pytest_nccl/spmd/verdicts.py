@@ -59,7 +59,8 @@ def setup_failure_report(sp, item, rep, run, decided: Verdict) -> None:
         item.session.shouldstop = decided.stop
     rep.outcome = "failed"
     if not _has_report(sp, run):
-        rep.longrepr = decided.headline if sp.rank != 0 else f"pytest-nccl: {decided.headline}"
+        said = decided.headline  # a harness verdict says "pytest-nccl:" itself; rank 0 says it once
+        rep.longrepr = said if sp.rank != 0 or said.startswith("pytest-nccl:") else f"pytest-nccl: {said}"
         return
     result, diag = run.result, run.result.diagnosis
     before = len(item.user_properties)
