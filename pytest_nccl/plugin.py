@@ -17,6 +17,7 @@ import time
 import pytest
 
 from .adopt.adopter import ADOPTED_KEY, ADOPTER_KEY, Adopter
+from .core.states import Phase
 from .errors import DistributedTestFailure, NcclUsageError, RankSetupError
 from .launched import LAUNCHED_KEY, PREVIOUS_SIGTERM, Launched, off_reason
 from .session import OUTCOME_KEY, SESSION_KEY, STARTED_KEY, NcclSession, junit_writer
@@ -285,7 +286,7 @@ def pytest_runtest_call(item):
 def pytest_runtest_makereport(item, call):
     rep = yield
     exc = call.excinfo.value if call.excinfo is not None else None
-    if call.when != "call":
+    if Phase(call.when) is not Phase.CALL:
         if isinstance(exc, NcclUsageError) and rep.longrepr is not None:
             line = f"pytest-nccl: {exc}"
             rep.longrepr = NcclLongRepr(line, line, str(item.path), (item.location[1] or 0) + 1)

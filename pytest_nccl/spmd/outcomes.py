@@ -4,7 +4,7 @@ body (classified as a forked rank classifies it), or from a set-up that failed o
 from __future__ import annotations
 
 from ..core.reports import RankReport
-from ..core.states import RankState
+from ..core.states import Phase, RankState
 from ..rank.stacks import describe_exception, exit_like_os_exit, format_exception
 
 
@@ -58,7 +58,7 @@ def setup_outcome(item, rep, rank: int, call=None) -> RankReport:
             message = message.removeprefix("Skipped: ")
     else:
         exc = call.excinfo.value if call is not None and call.excinfo is not None else None
-        where = " (in the test's setup)" if rep.when == "setup" else ""
+        where = " (in the test's setup)" if Phase(rep.when) is Phase.SETUP else ""
         if exc is not None:
             exc_type = type(exc).__name__
             text = (str(getattr(exc, "msg", "")) or str(exc)).strip().split("\n")[0][:300]

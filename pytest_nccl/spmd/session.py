@@ -20,7 +20,7 @@ import pytest
 from ..core.agreement import Digest
 from ..core.messages import Collected, Verdict
 from ..core.reports import RankReport
-from ..core.states import Backend
+from ..core.states import Backend, Phase
 from ..errors import NcclUsageError, RankSetupError
 from ..placement import place
 from ..session import item_budget
@@ -220,8 +220,9 @@ class SpmdSession:
     def pytest_runtest_makereport(self, item, call):
         rep = yield
         run = self.run
-        if run is not None and run.running and run.nodeid == item.nodeid and call.when in ("setup", "call"):
-            if not (call.when == "setup" and rep.passed):
+        phase = Phase(call.when)
+        if run is not None and run.running and run.nodeid == item.nodeid and phase in (Phase.SETUP, Phase.CALL):
+            if not (phase is Phase.SETUP and rep.passed):
                 # this rank will not run the body (its set-up failed or skipped): it still takes part
                 self._join_without_body(item, rep, run, call)
         return rep
@@ -229,7 +230,7 @@ class SpmdSession:
     def pytest_runtest_logreport(self, report) -> None:
         if report.failed and "nccl" not in report.keywords and report.nodeid not in self.failed_here:
             self.failed_here.append(report.nodeid)
-        if report.when == "teardown":
+        if Phase(report.when) is Phase.TEARDOWN:
             self.last_nodeid = report.nodeid
 
     def pytest_sessionfinish(self, session, exitstatus) -> None:
