@@ -11,14 +11,14 @@ from pytest_nccl.watch.jobdir import JoiningNote, RankInfo
 def test_a_rank_info_reads_back_as_written(tmp_path):
     info = RankInfo(rank=3, world=8, local_rank="3", pid=1234, start=99, host="node0", backend="gloo", t0=1.5,
                     argv=["train.py"], attempt=1, max_restarts=2, local_world="4", node="0",
-                    master_addr="10.0.0.1", master_port="29500", run_id="job7")
+                    master_addr="10.0.0.1", master_port="29500", run_id="job7", self_judged=True)
     path = jobdir.rank_info(str(tmp_path), 3)
     jobdir.write_json(path, info.to_dict())
     assert jobdir.read_rank_info(path) == info
     # the file keeps the keys and the order the watch and other nodes always read
     assert list(json.loads(open(path).read())) == [
         "rank", "world", "local_rank", "pid", "start", "host", "backend", "t0", "argv", "attempt", "max_restarts",
-        "local_world", "node", "master_addr", "master_port", "run_id"]
+        "local_world", "node", "master_addr", "master_port", "run_id", "self_judged"]
     assert info.local_ranks == 4 and RankInfo().local_ranks is None
 
 
