@@ -65,13 +65,6 @@ class AgentRequest(Word):
     DUMP = "dump"       # every thread's stack and the Flight Recorder, once a verdict is near
     FR = "fr"           # the Flight Recorder's JSON alone
 
-    @classmethod
-    def read(cls, word: str) -> "AgentRequest | None":
-        try:
-            return cls(word)
-        except ValueError:
-            return None
-
 
 class Harness(str, enum.Enum):
     """Which of torch's harnesses an adopted test class uses (``adopt/``)."""

@@ -10,6 +10,9 @@ Standard library only: every rank imports it.
 from __future__ import annotations
 
 import enum
+from typing import TypeVar
+
+W = TypeVar("W", bound="Word")
 
 
 class Word(str, enum.Enum):
@@ -20,6 +23,15 @@ class Word(str, enum.Enum):
 
     def __format__(self, format_spec: str) -> str:
         return str.__format__(self, format_spec)
+
+    @classmethod
+    def read(cls: type[W], word: object) -> W | None:
+        """The member a word names, None for a word this version does not know (a newer or foreign
+        file, another version's request): the caller decides what an unknown word means, nothing raises."""
+        try:
+            return cls(word)
+        except ValueError:
+            return None
 
 
 class Backend(Word):
@@ -90,15 +102,6 @@ class CaseOutcome(Word):
     def ran_clean(self) -> bool:
         """The test ran and did what it was expected to (an expected failure counts)."""
         return self in (CaseOutcome.PASSED, CaseOutcome.XFAILED, CaseOutcome.XPASSED)
-
-    @classmethod
-    def read(cls, word: object) -> "CaseOutcome | None":
-        """The member a word names, None for a word this version does not know (a newer or foreign
-        results file): the caller decides what an unknown outcome means, nothing raises."""
-        try:
-            return cls(word)
-        except ValueError:
-            return None
 
 
 class RecordState(Word):
