@@ -15,7 +15,7 @@ import textwrap
 
 from watch_support import run_watch, torchrun
 
-from pytest_nccl.watch import inject
+from pytest_nccl.watch import ownranks
 from pytest_nccl.watch.outcome import SELF_JUDGED
 
 SESSION = """
@@ -66,12 +66,12 @@ def test_an_spmd_session_under_the_watch_judges_itself_and_runs_to_its_end(tmp_p
 def test_only_pytest_nccl_s_own_ranks_are_self_judged():
     """The caller of ``init_process_group``, at any depth, is one of pytest-nccl's rank modules."""
     def called_from(module: str) -> bool:
-        namespace = {"__name__": module, "inject": inject}
-        exec("def create():\n    return inject._by_pytest_nccl(__import__('sys')._getframe(0))", namespace)
+        namespace = {"__name__": module, "ownranks": ownranks}
+        exec("def create():\n    return ownranks.created_by_pytest_nccl(__import__('sys')._getframe(0))", namespace)
         return namespace["create"]()
 
     assert called_from("pytest_nccl.spmd.group") and called_from("pytest_nccl.rank.loop")
     assert not called_from("train") and not called_from("pytest_nccl.watch.inject")
-    for module in inject.OWN_RANKS:  # they exist, and create the default group
+    for module in ownranks.OWN_RANKS:  # they exist, and create the default group
         path = __import__("importlib").util.find_spec(module).origin
         assert "init_process_group(" in open(path).read(), module

@@ -37,6 +37,7 @@ import sys
 from typing import TYPE_CHECKING, TextIO
 
 from . import jobdir
+from .ownranks import created_by_pytest_nccl
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -194,7 +195,7 @@ def _wrap_init_process_group() -> None:
             return real(*args, **kwargs)
         finally:
             _unlink(joining)
-            _started(_by_pytest_nccl(caller))
+            _started(created_by_pytest_nccl(caller))
 
     vars(init_process_group)[WRAPPED] = True
     # torch's own modules that bound the name at import time (torch.distributed among them)
@@ -266,23 +267,6 @@ def _wrap_sys_exit() -> None:
     exit.__doc__ = real.__doc__
     vars(exit)[WRAPPED] = True
     sys.exit = exit
-
-
-# the modules from which pytest-nccl's own ranks create their default group: the forked ranks' loop
-# (the adopted tests of torch's harnesses run inside it) and SPMD mode's group
-OWN_RANKS = ("pytest_nccl.rank.loop", "pytest_nccl.spmd.group")
-
-
-def _by_pytest_nccl(frame) -> bool:
-    """``init_process_group`` called (at any depth) from pytest-nccl's own ranks: a pytest-nccl
-    session inside the watched job (``pytest-nccl watch -- torchrun -m pytest``, or a test that runs
-    one) judges that rank's collectives itself, test by test; judged twice, one hang would get two
-    verdicts, the outer one ending a session whose inner one goes on to the next test."""
-    while frame is not None:
-        if frame.f_globals.get("__name__") in OWN_RANKS:
-            return True
-        frame = frame.f_back
-    return False
 
 
 def _started(self_judged: bool = False) -> None:
