@@ -93,6 +93,22 @@ def test_torch_imported_by_a_chained_sitecustomize(tmp_path):
     assert_rank(directory)
 
 
+def test_a_second_install_of_pytest_nccl_on_the_path(tmp_path):
+    """A GPU host with a 'pip install --target' copy beside a checkout: both copies' start-up hooks are
+    on a launched job's PYTHONPATH (the outer session's and the inner one's). Each ran the other as the
+    sitecustomize it shadows, and their torch finders asked each other: RecursionError at start-up and
+    at 'import torch' (seen on an H200). The user's own sitecustomize behind both still runs once."""
+    other = tmp_path / "site" / "pytest_nccl" / "watch" / "startup"
+    other.mkdir(parents=True)
+    (other / "sitecustomize.py").write_text((Path(STARTUP_DIR) / "sitecustomize.py").read_text())
+    user = tmp_path / "usersite"
+    user.mkdir()
+    (user / "sitecustomize.py").write_text("import torch  # the user's start-up code\nUSER_MARK = 1\n")
+    seen, directory = hooked(tmp_path, [str(JOBS / "hook_job.py"), "chained", "store"], pythonpath=[other, user])
+    assert seen["traced"] is True, seen
+    assert_rank(directory)
+
+
 def test_run_with_dash_m_and_dash_c(tmp_path):
     seen, directory = hooked(tmp_path, ["-m", "hook_job", "import", "store"], cwd=JOBS)
     assert seen["traced"] is True

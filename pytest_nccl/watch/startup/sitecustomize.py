@@ -27,7 +27,7 @@ def _warn(what, exc):
 def _arrived():
     """torch's module has run in this process: hand over to the watch's own ``pytest_nccl``."""
     try:
-        for finder in [f for f in sys.meta_path if isinstance(f, _TorchFinder)]:
+        for finder in [f for f in sys.meta_path if _is_torch_finder(f)]:
             sys.meta_path.remove(finder)
         # the watch's copy (the ranks and the watch must agree on the files), loaded from where the
         # watch has it without putting that directory on sys.path
@@ -52,16 +52,25 @@ def _arrived():
         _warn("collectives are not traced in this process", exc)
 
 
+def _is_torch_finder(finder) -> bool:
+    """Whether ``finder`` is a ``_TorchFinder`` of any copy of this file: a host with two installs of
+    pytest-nccl (a ``pip install --target`` beside a checkout) has two classes of that name, and two
+    finders that each asked the other for torch would recurse without end."""
+    return getattr(type(finder), "_pytest_nccl_torch_finder", False) is True
+
+
 class _TorchFinder:
     """Finds nothing itself: for ``torch`` it asks the finders after it and returns their spec with a
     loader that calls ``_arrived`` once torch's module has executed."""
+
+    _pytest_nccl_torch_finder = True
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "torch":
             return None
         spec = None
         for finder in list(sys.meta_path):
-            find = None if finder is self or isinstance(finder, _TorchFinder) else getattr(finder, "find_spec", None)
+            find = None if _is_torch_finder(finder) else getattr(finder, "find_spec", None)
             if find is not None:
                 spec = find(fullname, path, target)
                 if spec is not None:
@@ -88,8 +97,17 @@ def _hook():
         return
     if "torch" in sys.modules:  # imported before us (a .pth file)
         _arrived()
-    else:
+    elif not any(_is_torch_finder(f) for f in sys.meta_path):
         sys.meta_path.insert(0, _TorchFinder())
+
+
+_STARTUP = os.sep + os.path.join("pytest_nccl", "watch", "startup")
+
+
+def _is_startup_dir(path, here):
+    """This directory, or another copy's: each copy's ``sitecustomize`` would run the other's as the
+    one it shadows, and that one this one's, without end (RecursionError at every start-up)."""
+    return path == here or path.endswith(_STARTUP)
 
 
 def _chain():
@@ -98,7 +116,7 @@ def _chain():
     import importlib.util
 
     here = os.path.dirname(os.path.abspath(__file__))
-    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    rest = [p for p in sys.path if not _is_startup_dir(os.path.abspath(p or os.curdir), here)]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
     if spec is None or spec.loader is None:
         return
