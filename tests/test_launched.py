@@ -126,9 +126,11 @@ class TestUnittestStyle(__import__("unittest").TestCase):  # as accelerate's tes
 
 
 def accelerate_launch(case):
+    # a CPU job (gloo): with CUDA visible, accelerate puts rank 1 on cuda:1, which a one-GPU host lacks
     subprocess.run([os.path.join(BIN, "accelerate"), "launch", "--multi_gpu", "--num_processes=2",
                     "--num_machines=1", f"--main_process_port={{port()}}", "--mixed_precision=no",
-                    "--dynamo_backend=no", f"{{JOBS}}/accelerate_job.py", case], check=True)
+                    "--dynamo_backend=no", f"{{JOBS}}/accelerate_job.py", case], check=True,
+                   env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
 
 
 def test_accelerate_launch_good():
