@@ -141,7 +141,16 @@ def test_idle_processes_stay_idle(tmp_path):
 # -- bad input, through the watch: one line each, the launcher's status kept, nothing left running ---
 
 def test_a_job_that_never_creates_a_group(tmp_path):
-    (tmp_path / "nogroup.py").write_text("import sys, torch\nprint(torch.ones(1).sum().item())\nsys.exit(5)\n")
+    # each rank exits only once both imported torch: else torchrun may end the other before its import
+    # (a fast host: seen on a 16-core one, "2 processes imported torch")
+    (tmp_path / "nogroup.py").write_text(textwrap.dedent("""\
+        import os, pathlib, sys, time, torch
+        pathlib.Path(f"imported-{os.environ['LOCAL_RANK']}").touch()
+        while not all(pathlib.Path(f"imported-{r}").exists() for r in (0, 1)):
+            time.sleep(0.05)
+        print(torch.ones(1).sum().item())
+        sys.exit(5)
+        """))
     run = run_watch(tmp_path, [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
                                "--master-addr=127.0.0.1", f"--master-port={free_port()}", "nogroup.py"])
     assert run.code != 3 and run.code == run.summary["job_exit_code"] != 0, run.text

@@ -15,7 +15,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 RESULTS=${1:-${OUT:-gpu-host-results}}
 PY=${PY:-python3}
-XDIST=${XDIST:-6}
+XDIST=${XDIST:-10}
 mkdir -p "$RESULTS"
 RESULTS=$(cd "$RESULTS" && pwd)
 export PYTHONUNBUFFERED=1 PYTEST_ADDOPTS="" PYTEST_LIVE_LOG="$RESULTS/failures.log"
@@ -39,19 +39,19 @@ phase() {
   say "nccl: $("$PY" -c 'import torch; print(torch.cuda.nccl.version())' 2>&1 | tail -1)"
 } 
 
-phase "tests/gpu" 200 "$RESULTS/gpu.log" tests/gpu -rfE --durations=8
+phase "tests/gpu" 170 "$RESULTS/gpu.log" tests/gpu -rfE --durations=8
 
 # The rest together: xdist workers, the suites and the serial tests share the host's cores.
-phase "project tests -n $XDIST" 200 "$RESULTS/tests_xdist.log" tests -n "$XDIST" --ignore=tests/gpu -rfE --durations=15 &
+phase "project tests -n $XDIST" 260 "$RESULTS/tests_xdist.log" tests -n "$XDIST" --ignore=tests/gpu -rfE --durations=15 &
 xdist=$!
-phase "suites world 2" 200 "$RESULTS/suites.log" --nccl-world=2 suites -rfEX &
+phase "suites world 2" 260 "$RESULTS/suites.log" --nccl-world=2 suites -rfEX &
 suites=$!
-phase "project tests without xdist (placement, group start, failures)" 200 "$RESULTS/tests_serial.log" \
+phase "project tests without xdist (placement, group start, failures)" 260 "$RESULTS/tests_serial.log" \
   tests/test_placement.py tests/test_placement_rules.py tests/test_lifecycle.py tests/test_failures.py -rfE &
 serial=$!
 wait $xdist $suites $serial
 
-say "cold start: one world-4 test, whole processes, 3 rounds (floor, pytest floor, ours)"
+say "cold start: one world-4 test, whole processes, 2 rounds (floor, pytest floor, ours)"
 cold=$(mktemp -d)
 cat >"$cold/test_one.py" <<'EOF'
 import pytest, torch
@@ -68,7 +68,7 @@ def test_plain():
     assert torch.ones(1).item() == 1
 EOF
 seconds() { local s e; s=$(date +%s.%N); "$@" >/dev/null 2>&1; e=$(date +%s.%N); awk "BEGIN{printf \"%.2f\", $e - $s}"; }
-for i in 1 2 3; do
+for i in 1 2; do
   a=$(seconds "$PY" -c "import torch, pytest")
   p=$(seconds "$PY" -m pytest -q -p no:cacheprovider "$cold/test_plain.py")
   b=$(seconds "$PY" -m pytest -q -p no:cacheprovider "$cold/test_one.py")
