@@ -94,3 +94,60 @@ def test_a_stopped_trace_holds_none_of_the_jobs_tensors(tmp_path):
     """))
     out = _run(f"import runpy; runpy.run_path({str(job)!r})")
     assert out.split() == ["True", "True"], out
+
+
+def test_a_store_wait_that_outlives_its_trace_returns_normally(tmp_path):
+    """A thread beside the test waits in ``store.get`` when the test's trace ends (SPMD mode's decider
+    on rank 0, a user's weight-sync thread): its journal line comes after the trace closed its
+    descriptor. It was written to descriptor -1, and the thread's ``store.get`` raised ``OSError:
+    [Errno 9] Bad file descriptor`` (a soak's round failed a passing test with it)."""
+    job = tmp_path / "job.py"
+    journal = tmp_path / "journal.txt"
+    job.write_text(textwrap.dedent(f"""
+        import datetime, threading
+        import torch.distributed as dist
+        from pytest_nccl.rank import tracer
+        tracer.install()
+        store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=30))
+        tracer.start({str(journal)!r})
+        raised = []
+        def wait():
+            try:
+                store.get("late")
+            except Exception as exc:
+                raised.append(repr(exc))
+        t = threading.Thread(target=wait)
+        t.start()
+        while "store.get" not in open({str(journal)!r}).read():
+            pass
+        tracer.stop()
+        dist.TCPStore("127.0.0.1", store.port, 1, False).set("late", "1")  # a client of its own
+        t.join(30)
+        print(raised or "fine")
+    """))
+    assert _run(f"import runpy; runpy.run_path({str(job)!r})").split() == ["fine"]
+
+
+def test_pytest_nccl_s_own_store_reads_are_not_the_test_s_waits(tmp_path):
+    """SPMD mode's decider and watchdog read the launcher's store beside the test: those reads showed
+    in the failure's table as the test's 'group outside: store.get' on rank 0. A read from the user's
+    code is journaled, from its main thread or a thread of its own; one from pytest-nccl's threads is not."""
+    journal = tmp_path / "journal.txt"
+    out = _run(f"""
+        import datetime, threading
+        import torch.distributed as dist
+        from pytest_nccl.rank import tracer
+        from pytest_nccl.rank.stacks import THREAD_PREFIX
+        tracer.install()
+        store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=30))
+        store.set("k", "v")
+        tracer.start({str(journal)!r})
+        for name in (THREAD_PREFIX + "decider", "weight-sync"):
+            t = threading.Thread(target=store.get, args=("k",), name=name)
+            t.start()
+            t.join()
+        store.get("k")
+        tracer.stop()
+        print(sum("store.get" in line for line in open({str(journal)!r})))
+    """)
+    assert out.split() == ["2"], out

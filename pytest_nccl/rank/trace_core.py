@@ -138,11 +138,21 @@ def flush(trace: CallTrace) -> None:
                 os.write(trace.fd, line)
 
 
+def write_open(trace: CallTrace, line: bytes) -> None:
+    """Journal ``line`` from a thread that may race the trace's end (a store wait of a thread beside
+    the test's): under the lock ``close`` takes, and dropped once the trace is closed. Unlocked, such a
+    write went to a descriptor of -1 (EBADF raised in that thread, seen in SPMD mode's decider) or to
+    a descriptor the process had reused by then."""
+    with _fd_lock:
+        if trace.fd >= 0:
+            os.write(trace.fd, take_pending(trace) + line)
+
+
 def close(trace: CallTrace) -> None:
     flush(trace)
     with _fd_lock:
+        trace.fd = -1  # first: an unlocked hot-path write sees -1 (EBADF) rather than a reused number
         trace.writer.close()
-        trace.fd = -1
     # The trace holds the job's frames (call sites) and Work objects, hence its tensors. Let them go
     # here, on the job's thread: dropped last by the flusher at interpreter exit, a tensor's
     # destructor releases the GIL, the finalizing interpreter ends the daemon thread inside C++
@@ -363,8 +373,12 @@ def enter(trace: CallTrace, g: GroupTrace, name: str, async_op: bool, fields: tu
     return label, seq
 
 
+def completed_line(trace: CallTrace, label: str, seq: int) -> bytes:
+    return f"C\t{label}\t{seq}\t{perf_counter_ns() - trace.t0_ns}e-9\n".encode()
+
+
 def completed(trace: CallTrace, label: str, seq: int) -> None:
-    os.write(trace.fd, take_pending(trace) + f"C\t{label}\t{seq}\t{perf_counter_ns() - trace.t0_ns}e-9\n".encode())
+    os.write(trace.fd, take_pending(trace) + completed_line(trace, label, seq))
 
 
 def mark_traced(wrapper, real) -> None:

@@ -28,6 +28,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from . import trace_core as core
 from . import trace_groups
+from .stacks import THREAD_PREFIX
 from .trace_core import local
 from .trace_sites import _TORCH_DIR, call_site
 
@@ -54,14 +55,14 @@ def _address(store) -> str:
 def enter_outside(trace: core.CallTrace, what: str, args: str, frame) -> int:
     """Journal that this rank starts waiting in ``what`` outside any collective; returns its seq."""
     seq = next(trace.outside)  # atomic: a thread of the rank (a weight-sync server) may wait too
-    os.write(trace.fd, core.take_pending(trace) + (
+    core.write_open(trace, (
         f"O\t{LABEL}\t{seq}\t{what}\t0\t{core.perf_counter() - trace.t0:.6f}\t\t\t\t{call_site(frame)}\t{args}\n"
     ).encode())
     return seq
 
 
 def _update(trace: core.CallTrace, seq: int, args: str) -> None:
-    os.write(trace.fd, f"U\t{LABEL}\t{seq}\t{args}\n".encode())
+    core.write_open(trace, f"U\t{LABEL}\t{seq}\t{args}\n".encode())
 
 
 class _Joined(threading.Thread):
@@ -117,7 +118,9 @@ def _waits_outside(what: str, describe):
     def wrap(real):
         def traced(*args, **kwargs):
             trace = core.active
-            if trace is None or local.inside or trace_groups.caller_file().startswith(_TORCH_DIR):
+            # the store reads of pytest-nccl's own threads (SPMD mode's decider and watchdog) are not the test's
+            if (trace is None or local.inside or threading.current_thread().name.startswith(THREAD_PREFIX)
+                    or trace_groups.caller_file().startswith(_TORCH_DIR)):
                 return real(*args, **kwargs)
             try:
                 text, watch = describe(args, kwargs)
@@ -135,7 +138,7 @@ def _waits_outside(what: str, describe):
                 local.inside = False
                 if watcher is not None:
                     watcher.done.set()
-                core.completed(trace, LABEL, seq)
+                core.write_open(trace, core.completed_line(trace, LABEL, seq))  # the test may have ended
         core.mark_traced(traced, real)
         traced.__name__ = getattr(real, "__name__", what)
         return traced
