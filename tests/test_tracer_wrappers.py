@@ -151,3 +151,18 @@ def test_pytest_nccl_s_own_store_reads_are_not_the_test_s_waits(tmp_path):
         print(sum("store.get" in line for line in open({str(journal)!r})))
     """)
     assert out.split() == ["2"], out
+
+
+def test_the_watch_rotates_only_its_own_journal(tmp_path):
+    """In a watched process the session's own per-test trace (SPMD mode, the rank loop) replaces the
+    watch's while a test runs; the watch's agent bounds its journal by ``dup2`` onto the active
+    trace's descriptor, which then was the test's journal."""
+    ours, theirs = tmp_path / "journal-0.txt", tmp_path / "test.txt"
+    out = _run(f"""
+        from pytest_nccl.rank import tracer
+        tracer.start({str(ours)!r})
+        print(tracer.journal_fd({str(ours)!r}) >= 0)
+        tracer.start({str(theirs)!r})
+        print(tracer.journal_fd({str(ours)!r}))
+    """)
+    assert out.split() == ["True", "-1"], out

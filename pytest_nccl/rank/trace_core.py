@@ -54,9 +54,10 @@ class CallTrace:
 
     __slots__ = ("writer", "fd", "t0", "t0_ns", "default_pg", "by_id", "by_name", "by_label", "async_pending",
                  "functional", "outside", "side_count", "site_frame", "site_back", "site_lasti", "site_text", "sites",
-                 "pending", "flushed", "raise_leaves")
+                 "pending", "flushed", "raise_leaves", "path")
 
     def __init__(self, journal_path: str):
+        self.path = journal_path
         self.writer = JournalWriter(journal_path)
         self.fd = self.writer.fd  # the hot paths write lines themselves (journal.py documents the format)
         # an adopted test creates its default group inside the call: None until then (group=None and

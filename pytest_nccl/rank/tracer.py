@@ -283,11 +283,13 @@ def stop() -> tuple[dict[str, tuple], int]:
     return digests, dangling
 
 
-def journal_fd() -> int:
-    """The descriptor the running trace writes its journal to, or -1: ``pytest-nccl watch`` bounds a
-    long job's journal by pointing it at a fresh file (``os.dup2``), keeping the last segment."""
+def journal_fd(path: str) -> int:
+    """The descriptor the running trace writes its journal ``path`` to, or -1 (no trace, or another
+    one: an SPMD session's or the rank loop's own per-test trace in a watched process, which the
+    watch's rotation must not point at its file): ``pytest-nccl watch`` bounds a long job's journal
+    by pointing it at a fresh file (``os.dup2``), keeping the last segment."""
     trace = core.active
-    return trace.fd if trace is not None else -1
+    return trace.fd if trace is not None and trace.path == path else -1
 
 
 def flight_recorder_json() -> str | None:

@@ -150,7 +150,7 @@ class Agent:
         conn.sendall(json.dumps(reply).encode())
 
     def _chores(self) -> None:
-        fd = tracer.journal_fd()
+        fd = tracer.journal_fd(self.journal)
         if fd >= 0 and os.fstat(fd).st_size > self.segment:
             rotate(self.journal, fd)
             self.rotations += 1
