@@ -18,7 +18,6 @@ Exit status (``outcome.exit_status``: one status per outcome, whoever ended the 
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import shutil
@@ -34,6 +33,7 @@ from ..core.states import Reason
 from . import control, jobdir, present, stragglers
 from .joining import JoiningProcesses
 from .monitor import Monitor
+from .options import PROG, UsageError, build_parser, parse
 from .outcome import (
     EXIT_DIAGNOSED,
     SELF_JUDGED,
@@ -52,54 +52,7 @@ from .timing import TIMING
 EXIT_USAGE = 2
 EXIT_CANNOT_EXECUTE = 126
 EXIT_NOT_FOUND = 127
-PROG = "pytest-nccl watch"
 STARTUP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup")
-
-
-class UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError(message)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Run a torch.distributed job with every rank's collectives "
-                "traced; when it hangs or desyncs, print which rank, which collective and which line, "
-                "and end it.",
-                epilog="Exit: 3 a verdict (whether the watch or the launcher ended the job); 4 a verdict with "
-                       "--keep-running; else the job's own status; 2 usage error. See docs/watch.md.")
-    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
-                   help="how long ranks may wait in a collective while no rank makes progress before it "
-                        "is a hang (or a slow rank), and in init_process_group for peers; default 300")
-    p.add_argument("--trace-dir", metavar="DIR", help="write the trace (JSON), the ranks' Flight "
-                   "Recorder dumps, a Perfetto trace (.trace.json) and the swimlane page (.html) here on a verdict")
-    p.add_argument("--keep-running", action="store_true",
-                   help="on a verdict, report but leave the job running (to attach a debugger)")
-    p.add_argument("--quiet", action="store_true", help="print only the headline of a verdict")
-    p.add_argument("--json", metavar="FILE", help="write the outcome as JSON (for CI)")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="the launch command, after --")
-    return p
-
-
-def parse(argv: list) -> tuple[argparse.Namespace, list]:
-    if "--" in argv:
-        at = argv.index("--")
-        options, command = argv[:at], argv[at + 1:]
-        args = build_parser().parse_args(options)
-        if args.command:
-            raise UsageError(f"unexpected {args.command[0]!r} before --")
-    else:
-        args = build_parser().parse_args(argv)
-        command = args.command
-    if not command:
-        raise UsageError("no command to watch: give it after --, e.g. "
-                         "pytest-nccl watch --timeout 300 -- torchrun --nproc-per-node 4 train.py")
-    if not args.timeout > 0:
-        raise UsageError(f"--timeout must be a positive number of seconds, not {args.timeout:g}")
-    return args, command
 
 
 def job_env(directory: str) -> dict:
