@@ -65,7 +65,7 @@ RANK_SIDE = in_folder("core", "rank") | {
     "errors",
     # pytest-nccl watch: the start-up hook every process of a watched job runs
     "watch", "watch.startup", "watch.startup.sitecustomize", "watch.inject", "watch.agent", "watch.jobdir",
-    "watch.fold", "watch.timing", "watch.sidegroups", "watch.ownranks"}
+    "watch.fold", "watch.timing", "watch.sidegroups", "watch.ownranks", "watch.worlds_rank"}
 # Pure: tested on data with a fake clock; no torch, no processes, no sockets.
 PURE = in_folder("core") | {"settings", "views.timeline", "views.swimlane", "bisect.tomlcompat",
                             "bisect.matrix", "bisect.matrix.results", "bisect.matrix.cells",

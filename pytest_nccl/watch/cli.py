@@ -48,6 +48,7 @@ from .outcome import (
     waited_for_peers,
 )
 from .timing import TIMING
+from .worlds import OtherWorlds
 
 EXIT_USAGE = 2
 EXIT_CANNOT_EXECUTE = 126
@@ -155,6 +156,7 @@ class Watch:
         if not args.quiet:
             say(f"{PROG}: watching {shlex.join(self.command)} (--timeout {args.timeout:g} s)")
         self.monitor = Monitor(self.dir, args.timeout)
+        self.worlds = OtherWorlds(self.dir, args.timeout)  # default worlds beside the attempt's first
         try:
             code = self._loop(launcher, signals)
         except KeyboardInterrupt:  # a second signal: no more waiting
@@ -162,6 +164,7 @@ class Watch:
             code = 128 + (signals.got or signal.SIGINT)
         finally:
             self.monitor.close()
+            self.worlds.close()
         return code
 
     # -- attempts ---------------------------------------------------------------------------------------
@@ -180,9 +183,11 @@ class Watch:
             if finding is not None:
                 self._report_attempt(finding, self._attempt())
         self.monitor.close()
+        self.worlds.close()
         self.attempt, self.attempt_done = max(newer), False
         self.joining = JoiningProcesses(jobdir.attempt_dir(self.dir, self.attempt))
         self.monitor = Monitor(jobdir.attempt_dir(self.dir, self.attempt), self.args.timeout)
+        self.worlds = OtherWorlds(jobdir.attempt_dir(self.dir, self.attempt), self.args.timeout)
         if not self.args.quiet:
             say(f"{PROG}: following the launcher's attempt {self.attempt + 1} (restart {self.attempt})")
 
@@ -210,7 +215,8 @@ class Watch:
                 control.reap(launcher)
                 next_reap = now + 1.0
             control.note_shm(now)
-            wake = self.monitor.wake_at(now) if not (self.kept or self.attempt_done) else now + 0.2
+            wake = min(self.monitor.wake_at(now), self.worlds.wake_at(now)) \
+                if not (self.kept or self.attempt_done) else now + 0.2
             time.sleep(min(0.2, max(0.02, wake - time.monotonic())))
         return self._ended(launcher)
 
@@ -224,31 +230,15 @@ class Watch:
         elsewhere = monitor.decided_elsewhere()
         if elsewhere is not None or reason in (Reason.DECIDED, Reason.TIMEOUT):
             finding = elsewhere or monitor.agree(monitor.conclude(reason or Reason.DECIDED, time.monotonic()))
-            attempt = self._attempt()
             if finding.diagnosis is None:
                 # every rank had finished clean by the time the reports were taken: nothing to act
                 # on; the launcher's own end is the job's (a loaded host's slow exit barrier)
                 self.attempt_done = True
                 return False
-            action = on_verdict(finding.diagnosis, attempt, self.args.keep_running)
-            if action == Action.FOLLOW_NEXT_ATTEMPT:
-                self._report_attempt(finding, attempt)
-                self.attempt_done = True
-            elif action == Action.KEEP_RUNNING:
-                self._report(finding)
-                self.finding = finding
-                self.kept = True
-                say(f"{PROG}: --keep-running: the job goes on; the watch waits for it to end")
-            else:
-                if not self.args.quiet:
-                    say(f"{PROG}: {finding.verdict.kind} diagnosed; ending the job (SIGTERM, "
-                        f"then SIGKILL after {TIMING.job_term_wait:g} s)")
-                self._end_job(launcher, finding)
-                self.ended_by_watch = True
-                self._report(finding)
-                self.finding = finding
-                return True
-        elif reason == Reason.COMPLETED and self._attempt().restartable:
+            return self._act(launcher, finding)
+        if (other := self.worlds.poll(now)) is not None:
+            return self._act(launcher, other[1], world=other[0])
+        if reason == Reason.COMPLETED and self._attempt().restartable:
             # every rank of an attempt that may be restarted ended: its verdict now, not at the job's end
             ended = monitor.after_exit(now)
             if ended is not None:
@@ -258,6 +248,31 @@ class Watch:
             say(f"{PROG}: {self.peers_missing}")
             self._end_job(launcher)
             self.ended_by_watch = True
+        return False
+
+    def _act(self, launcher, finding: CallOutcome, world: str = "") -> bool:
+        """A verdict on the attempt (``world``: found in a default world beside its first); True once
+        the job is ended."""
+        attempt = self._attempt()
+        action = on_verdict(finding.diagnosis, attempt, self.args.keep_running)
+        where = f" in {world}" if world else ""
+        if action == Action.FOLLOW_NEXT_ATTEMPT:
+            self._report_attempt(finding, attempt)
+            self.attempt_done = True
+        elif action == Action.KEEP_RUNNING:
+            self._report(finding, where=where)
+            self.finding = finding
+            self.kept = True
+            say(f"{PROG}: --keep-running: the job goes on; the watch waits for it to end")
+        else:
+            if not self.args.quiet:
+                say(f"{PROG}: {finding.verdict.kind} diagnosed{where}; ending the job (SIGTERM, "
+                    f"then SIGKILL after {TIMING.job_term_wait:g} s)")
+            self._end_job(launcher, finding)
+            self.ended_by_watch = True
+            self._report(finding, where=where)
+            self.finding = finding
+            return True
         return False
 
     def _end_job(self, launcher, finding: CallOutcome | None = None) -> None:
@@ -289,10 +304,15 @@ class Watch:
             pass
         else:
             finding = self.monitor.after_exit(time.monotonic(), launcher_ok=job_code == 0)
+            other = None if finding is not None else self.worlds.after_exit(time.monotonic(), job_code == 0)
             if finding is not None:
                 finding = self.monitor.agree(finding)
                 self._report(finding, title=f"the job ended on its own (exit status {job_code}); its journals show")
                 self.finding = finding
+            elif other is not None:
+                self._report(other[1], title=f"the job ended on its own (exit status {job_code}); the journals "
+                                             f"of {other[0]} show")
+                self.finding = other[1]
             elif self.monitor.self_judged and not self.args.quiet:
                 say(f"{PROG}: {SELF_JUDGED}")
             elif self.monitor.unseen() and not self.args.quiet:  # said, never a verdict
@@ -307,7 +327,7 @@ class Watch:
                            job_status=job_code)
         return self._done(code, launcher.returncode)
 
-    def _report(self, finding, title: str | None = None) -> None:
+    def _report(self, finding, title: str | None = None, where: str = "") -> None:
         timeout, quiet = self.args.timeout, self.args.quiet
         head = present.headline(finding, timeout)
         if quiet:
@@ -315,7 +335,7 @@ class Watch:
         else:
             if title is None:
                 title = {Reason.TIMEOUT: "stalled", Reason.DECIDED: "diagnosed"}.get(finding.reason, finding.reason)
-                title = f"{title} ({finding.diagnosis.kind})"
+                title = f"{title} ({finding.diagnosis.kind}){where}"
             say(f"\n{'=' * 20} {PROG}: {title} {'=' * 20}")
             say(present.report_text(finding, timeout))
         present.to_absolute(finding, timeout)

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from . import jobdir
 from .ownranks import created_by_pytest_nccl
+from .worlds_rank import launcher_env, world_key
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -292,8 +293,11 @@ class _Rank:
 
         self.self_judged = self_judged
         self.attempt = jobdir.attempt_of(os.environ)
-        self.directory = jobdir.attempt_dir(base, self.attempt)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        attempt = jobdir.attempt_dir(base, self.attempt)
+        os.makedirs(attempt, exist_ok=True)
+        self.directory = jobdir.world_dir(attempt, world_key(self.world))
+        self.first_world = self.directory == attempt  # another world's ranks are not torchrun's
         self.backend = str(dist.get_backend())
         self.pid = os.getpid()
         self.fatal_file: TextIO | None = None
@@ -334,9 +338,8 @@ class _Rank:
             attempt=self.attempt, max_restarts=jobdir.max_restarts_of(os.environ),
             # the other nodes: how many ranks this node has, and the job's store, through which the
             # watches of several nodes see each other's ranks (channel.py)
-            local_world=os.environ.get("LOCAL_WORLD_SIZE"), node=os.environ.get("GROUP_RANK"),
-            master_addr=os.environ.get("MASTER_ADDR"), master_port=os.environ.get("MASTER_PORT"),
-            run_id=os.environ.get("TORCHELASTIC_RUN_ID"), self_judged=self.self_judged).to_dict())
+            # (another default world's process inherited them from the launcher's rank that started it)
+            **(launcher_env() if self.first_world else {}), self_judged=self.self_judged).to_dict())
 
     def _multiprocessing_exit(self) -> None:
         """In a multiprocessing child, the exit record is written by multiprocessing's exit path (a

@@ -20,10 +20,15 @@ first, ``restart-N/`` for torchrun's N-th restart), per process PID and rank R:
                      when the process was killed
     fatal-R.txt      faulthandler's output on a fatal signal (SIGSEGV, SIGABRT...)
     rank-R.sock      a unix socket the rank's agent thread answers on (stacks, Flight Recorder)
+    world            the key of the attempt's first default world (``world_dir``)
+    world-XXXXXX/    the same files, rank numbers from 0 again, for each other default world of the
+                     attempt (a job that creates several: OpenRLHF's trainer beside its vLLM engines,
+                     verl's worker groups on separate resource pools), with its own ``world`` key
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field, fields
@@ -74,6 +79,52 @@ def attempts(directory: str) -> list[int]:
             if n:
                 found.append(n)
     return sorted(found)
+
+
+WORLD = "world"
+WORLD_PREFIX = "world-"
+
+
+def _claim(path: str, key: str) -> str:
+    """The key in ``path``, which this call writes when no process did before (whole or not at all:
+    a reader never sees an empty claim)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(key)
+    try:
+        os.link(tmp, path)
+        return key
+    except FileExistsError:
+        with open(path) as f:
+            return f.read()
+    finally:
+        os.unlink(tmp)
+
+
+def world_dir(directory: str, key: str) -> str:
+    """Where a rank of the default world ``key`` (its store and size: ``inject._world_key``) writes its
+    files in the attempt's ``directory``: there for the attempt's first world, else in
+    ``world-XXXXXX/`` (a hash of the key), so that the ranks of two worlds never share a file."""
+    if _claim(os.path.join(directory, WORLD), key) == key:
+        return directory
+    sub = os.path.join(directory, WORLD_PREFIX + hashlib.sha1(key.encode()).hexdigest()[:6])
+    os.makedirs(sub, exist_ok=True)
+    _claim(os.path.join(sub, WORLD), key)
+    return sub
+
+
+def other_worlds(directory: str) -> list[str]:
+    """The directories of the attempt's default worlds beside its first (``world_dir``)."""
+    return sorted(os.path.join(directory, n) for n in listdir(directory) if n.startswith(WORLD_PREFIX))
+
+
+def world_key(directory: str) -> str:
+    """The key a world's directory was claimed with ("" when unknown)."""
+    try:
+        with open(os.path.join(directory, WORLD)) as f:
+            return f.read()
+    except OSError:
+        return ""
 
 
 def torch_marker(directory: str, pid: int) -> str:

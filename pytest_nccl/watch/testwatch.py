@@ -82,5 +82,5 @@ class TestWatch(Watch):
             self.processes.wait_gone(LAUNCHER_GRACE)
         self.processes.end()
 
-    def _report(self, finding, title=None) -> None:
+    def _report(self, finding, title=None, where="") -> None:
         pass  # the verdict goes to pytest (``_verdict``), not to a terminal

@@ -1,0 +1,39 @@
+"""Several default worlds in one watched job (OpenRLHF's trainer beside its vLLM engines' own worlds,
+verl's worker groups on separate resource pools): each world's ranks write to a directory of their
+own (``jobdir.world_dir``) and are judged apart. Before, the ranks 0 of two worlds wrote the same
+``rank-0.json`` and journal: a healthy job read as a shape mismatch between the worlds."""
+
+from __future__ import annotations
+
+import sys
+
+from watch_support import JOBS, line_in, run_watch, untouched
+
+from pytest_nccl.watch import jobdir
+
+JOB = JOBS / "two_worlds_job.py"
+
+
+def test_each_world_has_a_directory_of_its_own(tmp_path):
+    first = jobdir.world_dir(str(tmp_path), "store port 1, 2 ranks")
+    second = jobdir.world_dir(str(tmp_path), "store port 2, 2 ranks")
+    assert first == str(tmp_path) and second != first
+    assert jobdir.world_dir(str(tmp_path), "store port 2, 2 ranks") == second  # its other ranks
+    assert jobdir.world_dir(str(tmp_path), "store port 1, 2 ranks") == first
+    assert jobdir.other_worlds(str(tmp_path)) == [second]
+    assert jobdir.world_key(second) == "store port 2, 2 ranks"
+    assert jobdir.rank_of("world") is None and jobdir.attempts(str(tmp_path)) == [0]
+    assert not [n for n in jobdir.listdir(str(tmp_path)) if n.endswith(".tmp")]
+
+
+def test_two_healthy_worlds_pass_untouched(tmp_path):
+    run = run_watch(tmp_path, [sys.executable, str(JOB), "good"], "--timeout", "20")
+    untouched(run)
+
+
+def test_a_rank_that_leaves_early_in_one_world_is_named_in_that_world(tmp_path):
+    run = run_watch(tmp_path, [sys.executable, str(JOB), "bad"], "--timeout", "8")
+    assert run.code == 3, run.text
+    assert (f"rank 1 exited normally after 9 collectives in group default; rank 0 waits in all_reduce #10 "
+            f"of group default from {JOB}:{line_in(JOB, '# the step')}") in run.stderr, run.text
+    assert "shape mismatch" not in run.stderr, run.text  # the engine's world is not mixed in
