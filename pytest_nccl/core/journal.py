@@ -51,9 +51,22 @@ Imported by ranks: standard library only.
 from __future__ import annotations
 
 import os
+from enum import Enum
 
 from .records import P2P, CollectiveRecord
 from .states import RecordState, Source
+
+
+class Line(str, Enum):
+    """A journal line's kind, its first field (the writers put the letter itself: the tracer's hot
+    path formats bytes)."""
+    ENTERED = "E"
+    WAITS = "W"
+    COMPLETED = "C"
+    RESULT = "R"      # a composite op's last group sequence id
+    OUTSIDE = "O"     # a wait outside any collective
+    UPDATE = "U"      # what such a wait learned since
+
 
 THREAD_MARK = "\x1f"  # ends a site, before the issuing thread's name (rank/trace_sites.py writes it)
 
@@ -120,7 +133,7 @@ def _entered(fields: list, rank: int, with_args: bool = True) -> CollectiveRecor
         t_start=float(fields[5]), shapes=fields[6], dtype=fields[7],
         fr_seq=int(fields[8]) if fields[8] not in ("", "None") else None, site=site, thread=thread,
         state=RecordState.ENTERED)
-    if fields[0] == "O":
+    if fields[0] == Line.OUTSIDE:
         rec.source = Source.OUTSIDE
         if len(fields) > 10 and fields[10]:
             _apply_detail(rec, fields[10])
@@ -131,7 +144,7 @@ def _entered(fields: list, rank: int, with_args: bool = True) -> CollectiveRecor
 
 def _mark(rec: CollectiveRecord, kind: str, t: float, index: int) -> None:
     """A W or C line: for one transfer of a batch, or for the whole record."""
-    new = RecordState.WAITING if kind == "W" else RecordState.COMPLETED
+    new = RecordState.WAITING if kind == Line.WAITS else RecordState.COMPLETED
     if rec.p2p:
         for i, p in enumerate(rec.p2p):
             if index < 0 or i == index:
@@ -153,18 +166,18 @@ def _read_line(line: str, rank: int, by_key: dict, with_args: bool = True) -> Co
     fields = line.split("\t")
     kind = fields[0]
     try:
-        if kind in ("E", "O") and len(fields) >= 10:
+        if kind in (Line.ENTERED, Line.OUTSIDE) and len(fields) >= 10:
             entered = _entered(fields, rank, with_args=with_args)
             by_key[(entered.pg, entered.seq)] = entered
             return entered
         rec = by_key.get((fields[1], int(fields[2]))) if len(fields) >= 4 else None
         if rec is None:
             return None
-        if kind == "U":
+        if kind == Line.UPDATE:
             _apply_detail(rec, fields[3])
-        elif kind == "R":
+        elif kind == Line.RESULT:
             rec.fr_seq_end = int(fields[3])
-        elif kind in ("W", "C"):
+        elif kind in (Line.WAITS, Line.COMPLETED):
             _mark(rec, kind, float(fields[3]), int(fields[4]) if len(fields) > 4 and fields[4] else -1)
     except ValueError:
         pass

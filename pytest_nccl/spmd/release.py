@@ -5,6 +5,12 @@ from __future__ import annotations
 
 import os
 import socket
+from enum import Enum
+
+
+class TcpState(str, Enum):
+    """A socket's state in ``/proc/net/tcp`` (hex, as the kernel writes it)."""
+    ESTABLISHED = "01"
 
 
 def _tcp_table() -> dict:
@@ -47,7 +53,7 @@ def abort_connections(keep_ports: set) -> int:
         if entry is None:
             continue
         local, remote, state = entry
-        if state != "01" or local in keep_ports or remote in keep_ports:  # 01 = ESTABLISHED
+        if state != TcpState.ESTABLISHED or local in keep_ports or remote in keep_ports:
             continue
         try:
             s = socket.socket(fileno=os.dup(int(fd)))

@@ -103,7 +103,7 @@ def descendants(root: int | None = None) -> list[int]:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if fields[0] != "Z":
+        if fields[0] != jobdir.ProcState.ZOMBIE:
             children.setdefault(int(fields[1]), []).append(int(name))
     found, todo = [], [root]
     spared = _Guarded.guardian.pid if _Guarded.guardian is not None else None

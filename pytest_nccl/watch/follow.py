@@ -126,7 +126,7 @@ class LocalRank:
             return True
         if start is not None and int(fields[19]) != start:
             return True  # the pid was reused
-        if fields[0] in ("Z", "X"):
+        if fields[0] in (jobdir.ProcState.ZOMBIE, jobdir.ProcState.DEAD):
             try:
                 self.exit_code = int(fields[49])
             except (IndexError, ValueError):

@@ -32,6 +32,7 @@ import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field, fields
+from enum import Enum
 
 ENV_DIR = "PYTEST_NCCL_WATCH_DIR"        # the job's directory; its presence turns the hook on
 ENV_PKG = "PYTEST_NCCL_WATCH_PKG"        # a directory pytest_nccl can be imported from
@@ -308,6 +309,12 @@ def read_rank_info(path: str) -> RankInfo | None:
 def read_joining(path: str) -> JoiningNote | None:
     """A ``joining-PID.json`` file; None when it is gone or unreadable."""
     return JoiningNote.decode(read_json(path))
+
+
+class ProcState(str, Enum):
+    """A process's state in ``/proc/PID/stat`` (the field after its name), where an ended one shows."""
+    ZOMBIE = "Z"
+    DEAD = "X"
 
 
 def process_start(pid: int) -> int | None:
