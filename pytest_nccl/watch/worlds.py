@@ -34,6 +34,7 @@ class OtherWorlds:
         self.dir, self.timeout = directory, timeout
         self.monitors: dict[str, Monitor] = {}
         self.done: set[str] = set()     # concluded (a verdict given, or nothing to act on)
+        self.ended: set[str] = set()    # every rank ended: polled no more; its journals read at the job's end
         self._next_scan = 0.0
 
     def _scan(self, now: float) -> None:
@@ -51,8 +52,14 @@ class OtherWorlds:
         """(the world's label, its verdict) once a world's referee decided and the judge found a fault."""
         self._scan(now)
         for path, monitor in self._followed():
+            if path in self.ended:
+                continue
             reason = monitor.poll(now)
-            if reason in (Reason.DECIDED, Reason.TIMEOUT):
+            if reason == Reason.COMPLETED:
+                # as the first world's: what its journals show waits for the launcher's own status
+                # (Ray ends a worker group's actors at the driver's end without an exit record)
+                self.ended.add(path)
+            elif reason in (Reason.DECIDED, Reason.TIMEOUT):
                 self.done.add(path)
                 finding = monitor.conclude(reason, time.monotonic())
                 if finding.diagnosis is not None:
@@ -71,7 +78,8 @@ class OtherWorlds:
         return None
 
     def wake_at(self, now: float) -> float:
-        return min([m.wake_at(now) for _, m in self._followed()], default=now + TIMING.scan_every * 4)
+        return min([m.wake_at(now) for path, m in self._followed() if path not in self.ended],
+                   default=now + TIMING.scan_every * 4)
 
     def close(self) -> None:
         for monitor in self.monitors.values():
