@@ -37,3 +37,13 @@ def test_a_rank_that_leaves_early_in_one_world_is_named_in_that_world(tmp_path):
     assert (f"rank 1 exited normally after 9 collectives in group default; rank 0 waits in all_reduce #10 "
             f"of group default from {JOB}:{line_in(JOB, '# the step')}") in run.stderr, run.text
     assert "shape mismatch" not in run.stderr, run.text  # the engine's world is not mixed in
+
+
+def test_another_world_is_judged_after_the_first_ended_clean(tmp_path):
+    """The trainer's world is the attempt's first and ends clean; the engine's world goes on, and a
+    rank of it leaves early: the verdict names that world."""
+    run = run_watch(tmp_path, [sys.executable, str(JOB), "engine-bad"], "--timeout", "8")
+    assert run.code == 3, run.text
+    assert "diagnosed (rank-left) in another default world of this job (store port " in run.stderr, run.text
+    assert (f"rank 1 exited normally after 11 collectives in group default; rank 0 waits in all_reduce #12 "
+            f"of group default from {JOB}:{line_in(JOB, '# the step')}") in run.stderr, run.text

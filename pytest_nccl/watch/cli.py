@@ -207,7 +207,7 @@ class Watch:
             code = launcher.poll()
             now = time.monotonic()
             self._next_attempt(now)
-            if not self.kept and not self.attempt_done and self._step(launcher, now):
+            if not self.kept and self._step(launcher, now):
                 return self._done(EXIT_DIAGNOSED, launcher.returncode)
             if code is not None:
                 break
@@ -215,8 +215,8 @@ class Watch:
                 control.reap(launcher)
                 next_reap = now + 1.0
             control.note_shm(now)
-            wake = min(self.monitor.wake_at(now), self.worlds.wake_at(now)) \
-                if not (self.kept or self.attempt_done) else now + 0.2
+            first = now + 0.2 if self.kept or self.attempt_done else self.monitor.wake_at(now)
+            wake = first if self.kept else min(first, self.worlds.wake_at(now))
             time.sleep(min(0.2, max(0.02, wake - time.monotonic())))
         return self._ended(launcher)
 
@@ -224,6 +224,15 @@ class Watch:
         """One tick of the attempt followed; True once the watch ended the job with a verdict."""
         if self.peers_missing:
             return False
+        if not self.attempt_done and self._step_first(launcher, now):
+            return True
+        # the other default worlds, also once the first one's ranks are done (an engine's world goes on)
+        if (other := self.worlds.poll(now)) is not None:
+            return self._act(launcher, other[1], world=other[0])
+        return False
+
+    def _step_first(self, launcher, now: float) -> bool:
+        """The attempt's first default world (the one followed across nodes)."""
         monitor = self.monitor
         reason = monitor.poll(now)
         # on several nodes, every node's watch gives the one finding of rank 0's node
@@ -236,8 +245,6 @@ class Watch:
                 self.attempt_done = True
                 return False
             return self._act(launcher, finding)
-        if (other := self.worlds.poll(now)) is not None:
-            return self._act(launcher, other[1], world=other[0])
         if reason == Reason.COMPLETED and self._attempt().restartable:
             # every rank of an attempt that may be restarted ended: its verdict now, not at the job's end
             ended = monitor.after_exit(now)
@@ -300,6 +307,8 @@ class Watch:
                 if not self.args.quiet:
                     say(f"{PROG}: the launcher ended (exit status {job_code}) after "
                         f"{self.earlier[-1][0].describe()}: that attempt's verdict stands")
+            if self.finding is None and (other := self.worlds.after_exit(time.monotonic(), job_code == 0)):
+                self._other_world_ended(other, job_code)  # the first world ended clean; another did not
         elif self.peers_missing:
             pass
         else:
@@ -310,9 +319,7 @@ class Watch:
                 self._report(finding, title=f"the job ended on its own (exit status {job_code}); its journals show")
                 self.finding = finding
             elif other is not None:
-                self._report(other[1], title=f"the job ended on its own (exit status {job_code}); the journals "
-                                             f"of {other[0]} show")
-                self.finding = other[1]
+                self._other_world_ended(other, job_code)
             elif self.monitor.self_judged and not self.args.quiet:
                 say(f"{PROG}: {SELF_JUDGED}")
             elif self.monitor.unseen() and not self.args.quiet:  # said, never a verdict
@@ -326,6 +333,11 @@ class Watch:
         code = exit_status(verdict=self.finding is not None or self.side_group_missing, kept_running=self.kept,
                            job_status=job_code)
         return self._done(code, launcher.returncode)
+
+    def _other_world_ended(self, other: tuple[str, CallOutcome], job_code: int) -> None:
+        world, finding = other
+        self._report(finding, title=f"the job ended on its own (exit status {job_code}); the journals of {world} show")
+        self.finding = finding
 
     def _report(self, finding, title: str | None = None, where: str = "") -> None:
         timeout, quiet = self.args.timeout, self.args.quiet
