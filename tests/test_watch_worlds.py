@@ -5,6 +5,7 @@ own (``jobdir.world_dir``) and are judged apart. Before, the ranks 0 of two worl
 
 from __future__ import annotations
 
+import re
 import sys
 
 from watch_support import JOBS, line_in, run_watch, untouched
@@ -44,6 +45,8 @@ def test_another_world_is_judged_after_the_first_ended_clean(tmp_path):
     rank of it leaves early: the verdict names that world."""
     run = run_watch(tmp_path, [sys.executable, str(JOB), "engine-bad"], "--timeout", "8")
     assert run.code == 3, run.text
-    assert "diagnosed (rank-left) in another default world of this job (store port " in run.stderr, run.text
+    # the watch ends the job, or gloo's closed connection ends it first and the journals show it
+    assert re.search(r"(diagnosed \(rank-left\) in|the journals of) another default world of this job \(store port ",
+                     run.stderr), run.text
     assert (f"rank 1 exited normally after 11 collectives in group default; rank 0 waits in all_reduce #12 "
             f"of group default from {JOB}:{line_in(JOB, '# the step')}") in run.stderr, run.text

@@ -131,6 +131,8 @@ class Watch:
         self.attempt_done = False       # ... has its verdict, or ended clean: wait for the next
         self.earlier: list = []         # verdicts of earlier attempts, reported as they came
         self.joining = JoiningProcesses(jobdir.attempt_dir(self.dir, self.attempt))  # of the attempt followed
+        # the attempt's default worlds beside its first (the first one's monitor: once the job started)
+        self.worlds = OtherWorlds(jobdir.attempt_dir(self.dir, self.attempt), args.timeout)
         self.peers_missing = ""
         self.side_group_missing = False  # ... members of a side group that never connected: a verdict
 
@@ -156,16 +158,18 @@ class Watch:
         if not args.quiet:
             say(f"{PROG}: watching {shlex.join(self.command)} (--timeout {args.timeout:g} s)")
         self.monitor = Monitor(self.dir, args.timeout)
-        self.worlds = OtherWorlds(self.dir, args.timeout)  # default worlds beside the attempt's first
         try:
             code = self._loop(launcher, signals)
         except KeyboardInterrupt:  # a second signal: no more waiting
             control.kill_all(launcher)
             code = 128 + (signals.got or signal.SIGINT)
         finally:
-            self.monitor.close()
-            self.worlds.close()
+            self.close()
         return code
+
+    def close(self) -> None:
+        self.monitor.close()
+        self.worlds.close()
 
     # -- attempts ---------------------------------------------------------------------------------------
     def _attempt(self) -> Attempt:

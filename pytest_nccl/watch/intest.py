@@ -106,14 +106,14 @@ class Helper:
         try:
             verdict = watch.conclude(ended.failed)
         finally:
-            watch.monitor.close()
+            watch.close()
         processes.end()
         self.conn.send(TestFollowed(call.n, verdict))
 
     def _abandon(self) -> None:
         """No answer will be read: end what the test started (pytest is gone, or moved on)."""
         if self.watch is not None:
-            self.watch.monitor.close()
+            self.watch.close()
         if self.processes is not None:
             self.processes.end()
         self.call = self.processes = self.watch = None
@@ -121,8 +121,13 @@ class Helper:
 
 def main(fd: int, base: str) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is pytest's: it tells us what to end
+    helper = Helper(Connection(fd), base)
     try:
-        return Helper(Connection(fd), base).run()
+        return helper.run()
     except Exception as exc:  # pytest goes on without us: launched.py notices the closed connection
-        sys.stderr.write(f"pytest-nccl: the helper that follows tests' own ranks failed: {type(exc).__name__}: {exc}\n")
+        sys.stderr.write(f"pytest-nccl: the helper that follows tests' own ranks failed: {type(exc).__name__}: {exc}; "
+                         "the processes of the test it followed are ended\n")
+        # a test whose ranks hang (a desync) would wait for ever: nothing else bounds them
+        if helper.processes is not None:
+            helper.processes.end()
         return 1

@@ -43,7 +43,7 @@ class TestWatch(Watch):
         if self.verdict is not None:
             return
         self._next_attempt(now)
-        if not self.attempt_done and self._step(None, now):
+        if self._step(None, now):
             assert self.finding is not None  # _step reported it
             self.verdict = self._verdict(self.finding, live=True)
         elif self.peers_missing:
@@ -51,7 +51,9 @@ class TestWatch(Watch):
                                            CollectiveTimeout.__name__, "", live=True, launcher_sees=False)
 
     def wake_at(self, now: float) -> float:
-        return self.monitor.wake_at(now) if self.verdict is None and not self.attempt_done else now + 0.2
+        if self.verdict is not None:
+            return now + 0.2
+        return min(now + 0.2 if self.attempt_done else self.monitor.wake_at(now), self.worlds.wake_at(now))
 
     def conclude(self, failed: bool) -> LaunchedVerdict | None:
         """The test's call returned (``failed``: it raised): the verdict of the run, if any."""
@@ -63,6 +65,8 @@ class TestWatch(Watch):
                 finding = self.earlier[-1][1]
         else:
             finding = self.monitor.after_exit(time.monotonic(), launcher_ok=not failed)
+        if finding is None and (other := self.worlds.after_exit(time.monotonic(), launcher_ok=not failed)):
+            finding = other[1]  # another default world the test's processes created
         return self._verdict(finding, live=False) if finding is not None else None
 
     def _verdict(self, finding: CallOutcome, live: bool) -> LaunchedVerdict:
