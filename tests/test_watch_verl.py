@@ -57,14 +57,17 @@ def _ray_can_serialize() -> None:
                     "install pyarrow<26")
 
 
-def watch_driver(tmp_path, rows: str):
+def watch_driver(tmp_path, rows: str, *more: str):
     _ray_can_serialize()
-    return run_watch(tmp_path, [sys.executable, str(DRIVER), rows], "--timeout", f"{TIMEOUT:g}", timeout=300,
+    return run_watch(tmp_path, [sys.executable, str(DRIVER), rows, *more], "--timeout", f"{TIMEOUT:g}", timeout=300,
                      RAY_USAGE_STATS_ENABLED="0", **HF_OFFLINE)
 
 
-def test_ragged_micro_batch_counts(tmp_path, actor_source):
-    run = watch_driver(tmp_path, "ragged")
+# --second-pool: a second worker group on a resource pool of its own is a second default world of the
+# job (its own store); its rank 0 wrote the first world's rank-0.json before worlds were kept apart
+@pytest.mark.parametrize("pools", [[], ["--second-pool"]], ids=["one-pool", "two-pools"])
+def test_ragged_micro_batch_counts(tmp_path, actor_source, pools):
+    run = watch_driver(tmp_path, "ragged", *pools)
     if verl.__version__ not in BAD_RELEASES:
         untouched(run)
         assert "driver: log-prob metric per rank" in run.stdout, run.text

@@ -3,13 +3,17 @@
 create their process group from the RANK/WORLD_SIZE/MASTER_* the group gives them, as verl's FSDP
 workers do, and one ``compute_log_prob`` of verl's FSDP actor dispatched to both (Dispatch.ONE_TO_ALL).
 
-    python ray_worker_group.py ragged|even
+    python ray_worker_group.py ragged|even [--second-pool]
 
 ragged: the last rank's rows need two micro-batches, the other's one (dynamic_batching.py). On a
 release whose actor syncs no micro-batch count (verl 0.7.1) the ranks' collectives diverge in verl's
 dp_actor.py: under ``pytest-nccl watch`` a verdict; on a good release the driver prints the metric
 and exits 0. A release without the legacy actor (0.8.0 on) exits 5 with one line. Run it under the
 watch: ``python -m pytest_nccl watch --timeout 20 -- python suites/verl/ray_worker_group.py ragged``.
+
+``--second-pool``: a second ``RayWorkerGroup`` of two workers on a resource pool of its own (verl's
+critic or reference model placed apart from the actor) runs the even step first: a second default
+world in the job, with a store of its own, alive while the first group runs its step.
 """
 
 import sys
@@ -41,6 +45,7 @@ class DynamicBatchingWorker(Worker):
 
 def main() -> int:
     ragged = {"ragged": True, "even": False}[sys.argv[1]]
+    second_pool = sys.argv[2:] == ["--second-pool"]
     from dynamic_batching import legacy_actor
 
     if legacy_actor() is None:
@@ -49,11 +54,16 @@ def main() -> int:
         print(f"verl {verl.__version__} has no legacy FSDP actor (verl.workers.actor.dp_actor)", file=sys.stderr)
         return NO_ACTOR
     # small: two CPUs, no dashboard, the smallest object store Ray takes
-    ray.init(num_cpus=WORLD, include_dashboard=False, object_store_memory=80 * 1024**2, log_to_driver=True)
+    pools = 2 if second_pool else 1
+    ray.init(num_cpus=WORLD * pools, include_dashboard=False, object_store_memory=80 * 1024**2, log_to_driver=True)
     try:
-        pool = RayResourcePool(process_on_nodes=[WORLD], use_gpu=False, max_colocate_count=1)
-        group = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=RayClassWithInitArgs(cls=DynamicBatchingWorker),
-                               device_name="cpu")
+        groups = [RayWorkerGroup(resource_pool=RayResourcePool(process_on_nodes=[WORLD], use_gpu=False,
+                                                               max_colocate_count=1),
+                                 ray_cls_with_init=RayClassWithInitArgs(cls=DynamicBatchingWorker), device_name="cpu")
+                  for _ in range(pools)]
+        group = groups[0]
+        if second_pool:
+            print(f"driver: second pool's metric per rank {groups[1].log_prob_step(False)}", flush=True)
         metrics = group.log_prob_step(ragged)
         print(f"driver: log-prob metric per rank {[round(m, 4) for m in metrics]}", flush=True)
     finally:
