@@ -166,7 +166,7 @@ def close(trace: CallTrace) -> None:
     # the trace the last reference, and the flusher thread, which holds the trace for a moment 50
     # times a second, could drop it: the group's C++ destructor ran in that daemon thread while the
     # interpreter finalized, and a healthy rank aborted ("terminate called without an active
-    # exception", SIGABRT: the soak, 1 run in 64). The numbering and digests stay (``tracer.stop``
+    # exception", SIGABRT: the soak, 1 healthy run in 80). The numbering and digests stay (``tracer.stop``
     # reads them; a thread of the job racing the end still finds its group's entry).
     trace.default_pg = None
     for g in {*trace.by_id.values(), *trace.by_name.values(), *trace.by_label.values()}:
