@@ -40,14 +40,20 @@ GROUP_OPS = ("new_group", "new_subgroups")
 
 
 
-def _address(store) -> str:
-    """host:port of a TCPStore (under any PrefixStore), else the store's type."""
+def innermost_store(store):
+    """The store under any PrefixStores (a TCPStore's host and port are there)."""
     inner = store
     for _ in range(8):
         nxt = getattr(inner, "underlying_store", None)
         if nxt is None:
             break
         inner = nxt
+    return inner
+
+
+def _address(store) -> str:
+    """host:port of a TCPStore (under any PrefixStore), else the store's type."""
+    inner = innermost_store(store)
     host, port = getattr(inner, "host", None), getattr(inner, "port", None)
     return f"{host}:{port}" if host is not None and port is not None else type(inner).__name__
 

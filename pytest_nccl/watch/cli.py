@@ -219,10 +219,15 @@ class Watch:
                 control.reap(launcher)
                 next_reap = now + 1.0
             control.note_shm(now)
-            first = now + 0.2 if self.kept or self.attempt_done else self.monitor.wake_at(now)
-            wake = first if self.kept else min(first, self.worlds.wake_at(now))
-            time.sleep(min(0.2, max(0.02, wake - time.monotonic())))
+            time.sleep(min(0.2, max(0.02, self.wake_at(now) - time.monotonic())))
         return self._ended(launcher)
+
+    def wake_at(self, now: float) -> float:
+        """When the next tick is due: the first world's referee's, while it is followed, and the others'."""
+        if self.kept:
+            return now + 0.2
+        first = now + 0.2 if self.attempt_done else self.monitor.wake_at(now)
+        return min(first, self.worlds.wake_at(now))
 
     def _step(self, launcher, now: float) -> bool:
         """One tick of the attempt followed; True once the watch ended the job with a verdict."""

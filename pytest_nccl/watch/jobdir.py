@@ -103,7 +103,7 @@ def _claim(path: str, key: str) -> str:
 
 
 def world_dir(directory: str, key: str) -> str:
-    """Where a rank of the default world ``key`` (its store and size: ``inject._world_key``) writes its
+    """Where a rank of the default world ``key`` (its store and size: ``worlds_rank.world_key``) writes its
     files in the attempt's ``directory``: there for the attempt's first world, else in
     ``world-XXXXXX/`` (a hash of the key), so that the ranks of two worlds never share a file."""
     if _claim(os.path.join(directory, WORLD), key) == key:

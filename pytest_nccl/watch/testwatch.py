@@ -51,9 +51,7 @@ class TestWatch(Watch):
                                            CollectiveTimeout.__name__, "", live=True, launcher_sees=False)
 
     def wake_at(self, now: float) -> float:
-        if self.verdict is not None:
-            return now + 0.2
-        return min(now + 0.2 if self.attempt_done else self.monitor.wake_at(now), self.worlds.wake_at(now))
+        return now + 0.2 if self.verdict is not None else super().wake_at(now)
 
     def conclude(self, failed: bool) -> LaunchedVerdict | None:
         """The test's call returned (``failed``: it raised): the verdict of the run, if any."""

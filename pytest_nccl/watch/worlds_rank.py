@@ -21,12 +21,9 @@ def world_key(world: int) -> str:
     try:
         import torch.distributed.distributed_c10d as c10d
 
-        store = c10d._get_default_store()
-        for _ in range(8):  # under PrefixStores
-            inner = getattr(store, "underlying_store", None)
-            if inner is None:
-                break
-            store = inner
+        from ..rank.trace_rendezvous import innermost_store  # loaded with the tracer, before any group
+
+        store = innermost_store(c10d._get_default_store())
         port = getattr(store, "port", None)
         where = f"store port {port}" if port is not None else f"a {type(store).__name__}"
     except Exception:  # a private torch helper, any version: the world is named by its size alone
