@@ -172,3 +172,52 @@ def test_the_watch_rotates_only_its_own_journal(tmp_path):
         print(tracer.journal_fd({str(ours)!r}))
     """)
     assert out.split() == ["True", "-1"], out
+
+
+def test_a_wait_that_outlives_its_trace_returns_normally(tmp_path):
+    """A thread of the job waits on an async transfer (``Work.wait``) when the test's trace ends: its
+    completion line comes after the trace closed its journal. It was written to descriptor -1, and
+    ``wait()`` raised ``OSError: [Errno 9] Bad file descriptor`` in the job's thread; it goes to
+    /dev/null now, and the journal's descriptor is closed only at the next trace's end."""
+    job = tmp_path / "job.py"
+    journal = tmp_path / "journal.txt"
+    job.write_text(textwrap.dedent(f"""
+        import datetime, os, subprocess, sys, threading
+        import torch
+        import torch.distributed as dist
+        timeout = datetime.timedelta(seconds=60)
+        if len(sys.argv) > 1:  # rank 1: sends once rank 0's trace has ended
+            store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), 2, False, timeout=timeout)
+            dist.init_process_group("gloo", store=store, rank=1, world_size=2)
+            store.get("go")
+            dist.send(torch.ones(1), dst=0)
+            dist.destroy_process_group()
+            sys.exit()
+        from pytest_nccl.rank import tracer
+        tracer.install()
+        store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=timeout, wait_for_workers=False)
+        rank1 = subprocess.Popen([sys.executable, __file__, str(store.port)])
+        dist.init_process_group("gloo", store=store, rank=0, world_size=2)
+        tracer.start({str(journal)!r})
+        received, raised = torch.zeros(1), []
+        def receive():
+            try:
+                dist.irecv(received, src=1).wait()
+            except Exception as exc:
+                raised.append(repr(exc))
+        t = threading.Thread(target=receive)
+        t.start()
+        while "\\nW\\t" not in open({str(journal)!r}).read():
+            pass
+        tracer.stop()
+        store.set("go", "1")
+        t.join(60)
+        tracer.start({str(tmp_path / "next.txt")!r})  # the next test's trace
+        tracer.stop()
+        fds = os.listdir("/proc/self/fd")
+        open_journals = [fd for fd in fds if os.path.realpath(f"/proc/self/fd/{{fd}}").endswith("journal.txt")]
+        rank1.wait(60)
+        dist.destroy_process_group()
+        print(raised or "fine", received.item(), len(open_journals))
+    """))
+    assert _run(f"import runpy; runpy.run_path({str(job)!r}, run_name='__main__')").split() == ["fine", "1.0", "0"]

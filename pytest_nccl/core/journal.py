@@ -86,10 +86,53 @@ class JournalWriter:
     def completed(self, pg, seq, t, index=-1):
         os.write(self.fd, f"C\t{pg}\t{seq}\t{t:.6f}{'' if index < 0 else f'	{index}'}\n".encode())
 
-    def close(self):
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+    def close(self) -> int:
+        """End the journal; returns the descriptor every later write goes to (``/dev/null``). A
+        thread of the job can race the end of a call (a collective or a ``Work.wait`` entered before
+        it ended, the flusher): its line goes nowhere, where a descriptor of -1 raised EBADF into the
+        job. The journal's own descriptor is closed one writer later, so a thread that read its
+        number just before cannot write into a file that got the number since."""
+        global _retired
+        fd, self.fd = self.fd, _null_fd()
+        if fd >= 0 and fd != self.fd:
+            _close_if_same(_retired)
+            _retired = (fd, os.fstat(fd)) if _valid(fd) else None
+        return self.fd
+
+
+_null: tuple[int, os.stat_result] | None = None  # /dev/null, where closed journals write
+_retired: tuple[int, os.stat_result] | None = None  # the last closed journal's descriptor, still open
+
+
+def _valid(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
+def _same(held: tuple[int, os.stat_result]) -> bool:
+    """``held``'s descriptor still the file it was (a job may close descriptors it does not own)."""
+    fd, was = held
+    try:
+        now = os.fstat(fd)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) == (was.st_dev, was.st_ino)
+
+
+def _close_if_same(held: tuple[int, os.stat_result] | None) -> None:
+    if held is not None and _same(held):
+        os.close(held[0])
+
+
+def _null_fd() -> int:
+    global _null
+    if _null is None or not _same(_null):
+        fd = os.open(os.devnull, os.O_WRONLY)
+        _null = (fd, os.fstat(fd))
+    return _null[0]
 
 
 def parse_p2p(text: str) -> list[P2P]:

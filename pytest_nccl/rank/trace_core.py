@@ -88,7 +88,7 @@ class CallTrace:
 
 active: CallTrace | None = None
 FLUSH_EVERY = 0.02  # seconds a completed collective's C line waits at most for the next write
-_fd_lock = threading.Lock()  # the flusher never writes to a descriptor stop() closed (and reused)
+_fd_lock = threading.Lock()  # the flusher's and other threads' writes in order with close()'s last one
 _flusher_pid = None
 
 
@@ -135,25 +135,22 @@ def flush(trace: CallTrace) -> None:
     line = take_pending(trace)
     if line:
         with _fd_lock:
-            if trace.fd >= 0:
-                os.write(trace.fd, line)
+            os.write(trace.fd, line)
 
 
 def write_open(trace: CallTrace, line: bytes) -> None:
     """Journal ``line`` from a thread that may race the trace's end (a store wait of a thread beside
-    the test's): under the lock ``close`` takes, and dropped once the trace is closed. Unlocked, such a
-    write went to a descriptor of -1 (EBADF raised in that thread, seen in SPMD mode's decider) or to
-    a descriptor the process had reused by then."""
+    the test's), in order with the flusher's and ``close``'s writes. Once the trace is closed it goes
+    to /dev/null (JournalWriter.close): a descriptor of -1 raised EBADF in such a thread (SPMD
+    mode's decider, a soak's round)."""
     with _fd_lock:
-        if trace.fd >= 0:
-            os.write(trace.fd, take_pending(trace) + line)
+        os.write(trace.fd, take_pending(trace) + line)
 
 
 def close(trace: CallTrace) -> None:
     flush(trace)
     with _fd_lock:
-        trace.fd = -1  # first: an unlocked hot-path write sees -1 (EBADF) rather than a reused number
-        trace.writer.close()
+        trace.fd = trace.writer.close()  # /dev/null: a thread of the job racing the end writes nowhere
     # The trace holds the job's frames (call sites) and Work objects, hence its tensors. Let them go
     # here, on the job's thread: dropped last by the flusher at interpreter exit, a tensor's
     # destructor releases the GIL, the finalizing interpreter ends the daemon thread inside C++
