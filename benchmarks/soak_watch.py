@@ -1,5 +1,5 @@
-"""Soak: the watch's multi-node tests, SPMD mode's two-node test and the watch's healthy-job tests,
-run N rounds in a row with every core kept busy by load processes this script starts and stops
+"""Soak: the watch's multi-node tests, SPMD mode's two-node test, the watch's healthy-job tests and
+its jobs of two default worlds, run N rounds in a row with every core kept busy by load processes this script starts and stops
 itself. A benchmark, not a timed test: it counts, it does not gate.
 
 - a **false verdict**: a healthy job's test failed (the watch failed a clean job, or did not let it
@@ -7,11 +7,13 @@ itself. A benchmark, not a timed test: it counts, it does not gate.
 - a **flaky outcome**: a faulty job's test failed in some round and passed in another (its verdict
   changed); one that fails every round is counted apart (broken, not flaky).
 
-Run:  python benchmarks/soak_watch.py [--rounds 20] [--load N] [--json FILE] [--keep DIR] [--gate]
-(``--load``: busy processes, default one per core minus one: with the tests themselves, every core
-is busy; ``--keep``: each round's JUnit file, with every failure's whole text, kept in DIR). Prints
-one line per round, a healthy job's failure in full, and the counts at the end; exit status 0, or
-with ``--gate`` (.ci/run) 1 when there was a false verdict (a healthy job failed).
+Run:  python benchmarks/soak_watch.py [--rounds 20] [--load N] [--only TEXT] [--json FILE] [--keep DIR]
+      [--gate]
+(``--only``: the tests whose id contains TEXT; ``--load``: busy processes, default one per core minus
+one: with the tests themselves, every core is busy; ``--keep``: each round's JUnit file, with every
+failure's whole text, kept in DIR). Prints one line per round, a healthy job's failure in full, and
+the counts at the end; exit status 0, or with ``--gate`` (.ci/run) 1 when there was a false verdict
+(a healthy job failed).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ HEALTHY = [
     "tests/test_watch.py::test_clean_job_passes_through_untouched",
     "tests/test_watch_launchers.py::test_multiprocessing_ranks[good-mp-spawn]",
     "tests/test_watch_launchers.py::test_multiprocessing_ranks[good-mp-fork]",
+    "tests/test_watch_worlds.py::test_two_healthy_worlds_pass_untouched",
 ]
 FAULTY = [
     "tests/test_watch_nodes.py::test_a_slow_rank_on_the_other_node_is_named_by_both_watches",
@@ -41,6 +44,7 @@ FAULTY = [
     "tests/test_watch_nodes.py::test_a_watch_alone_says_which_ranks_it_cannot_see",
     "tests/test_spmd.py::test_torchrun_two_nodes_one_rank_each",
     "tests/test_watch.py::test_every_rank_stuck_past_the_timeout",
+    "tests/test_watch_worlds.py::test_another_world_is_judged_after_the_first_ended_clean",
 ]
 
 
@@ -91,13 +95,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--load", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    parser.add_argument("--only", default="", help="only the tests whose id contains this text")
     parser.add_argument("--json", help="write the counts here")
     parser.add_argument("--keep", help="keep each round's JUnit file (failures in full) in this folder")
     parser.add_argument("--gate", action="store_true",
                         help="exit 1 on a false verdict: a healthy job failed (CI); else 0 always")
     args = parser.parse_args()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    tests = HEALTHY + FAULTY
+    healthy = [t for t in HEALTHY if args.only in t]
+    faulty = [t for t in FAULTY if args.only in t]
+    tests = healthy + faulty
+    if not tests:
+        parser.error(f"--only {args.only!r}: no test of the soak's has that in its id")
     history: dict = {t: [] for t in tests}
     times = []
     def interrupted(signum, frame):
@@ -105,7 +114,7 @@ def main() -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):  # a background job starts with SIGINT ignored
         signal.signal(sig, interrupted)
     load = start_load(args.load)
-    print(f"soak: {args.rounds} rounds of {len(tests)} tests ({len(HEALTHY)} healthy jobs, {len(FAULTY)} faulty), "
+    print(f"soak: {args.rounds} rounds of {len(tests)} tests ({len(healthy)} healthy jobs, {len(faulty)} faulty), "
           f"{args.load} load process(es) on {os.cpu_count()} cores", flush=True)
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -119,7 +128,7 @@ def main() -> int:
                     history[t].append(ok)
                     if not ok:
                         failed.append(f"{t.split('::')[1]}: {(message.splitlines() or [''])[0][:200]}")
-                    if not ok and t in HEALTHY:  # a false verdict: what it said, whole (the last 60 lines)
+                    if not ok and t in healthy:  # a false verdict: what it said, whole (the last 60 lines)
                         failed.append("\n    ".join(["", *message.splitlines()[-60:]]))
                 print(f"round {n}: {elapsed:.0f} s, {len(failed)} failed" + "".join(f"\n  {f}" for f in failed),
                       flush=True)
@@ -128,16 +137,16 @@ def main() -> int:
     finally:
         stop_load(load)
     rounds = len(times)
-    false_verdicts = sum(not ok for t in HEALTHY for ok in history[t])
-    flaky = [t for t in FAULTY if any(history[t]) and not all(history[t])]
-    broken = [t for t in FAULTY if history[t] and not any(history[t])]
+    false_verdicts = sum(not ok for t in healthy for ok in history[t])
+    flaky = [t for t in faulty if any(history[t]) and not all(history[t])]
+    broken = [t for t in faulty if history[t] and not any(history[t])]
     counts = {"rounds": rounds, "tests_per_round": len(tests), "load_processes": args.load,
               "false_verdicts": false_verdicts, "flaky_outcomes": len(flaky), "always_failing": broken,
               "flaky_tests": flaky, "per_test_passes": {t: sum(h) for t, h in history.items()},
               "round_seconds": [round(x) for x in times]}
-    print(f"soak: {rounds} rounds; healthy jobs: {false_verdicts} false verdicts in {rounds * len(HEALTHY)} runs; "
+    print(f"soak: {rounds} rounds; healthy jobs: {false_verdicts} false verdicts in {rounds * len(healthy)} runs; "
           f"faulty jobs: {len(flaky)} flaky outcomes, {len(broken)} failing every round, in "
-          f"{rounds * len(FAULTY)} runs; a round took {min(times or [0]):.0f}-{max(times or [0]):.0f} s")
+          f"{rounds * len(faulty)} runs; a round took {min(times or [0]):.0f}-{max(times or [0]):.0f} s")
     for t, h in history.items():
         if not all(h):
             print(f"  {t}: passed {sum(h)} of {len(h)}")
