@@ -50,3 +50,47 @@ def test_another_world_is_judged_after_the_first_ended_clean(tmp_path):
                      run.stderr), run.text
     assert (f"rank 1 exited normally after 11 collectives in group default; rank 0 waits in all_reduce #12 "
             f"of group default from {JOB}:{line_in(JOB, '# the step')}") in run.stderr, run.text
+
+
+def test_ranks_outside_the_watch_are_unseen_never_not_started(tmp_path):
+    """The engine's world has four ranks and two of them run outside this watch (another node; a
+    process not started under it): their peers complete collectives with them, so they exist. The
+    watch failed this healthy job with 'ranks 2,3 never created the default process group'."""
+    run = run_watch(tmp_path, [sys.executable, str(JOB), "elsewhere"], "--timeout", "20")
+    untouched(run)
+
+
+def test_a_fault_among_ranks_outside_the_watch_names_them_unseen(tmp_path):
+    """Rank 3, outside the watch, leaves one collective early: the verdict stands, and the ranks it
+    cannot see are unseen in it, not 'never created the default process group'."""
+    run = run_watch(tmp_path, [sys.executable, str(JOB), "elsewhere-bad"], "--timeout", "8")
+    assert run.code == 3, run.text
+    assert "ranks 2,3: unseen" in run.stderr or "ranks 2,3 cannot be seen by this watch" in run.stderr, run.text
+    assert "never created the default process group" not in run.stderr, run.text
+
+
+def test_ranks_never_seen_are_outside_only_once_a_collective_completed(tmp_path):
+    """The evidence, alone: ranks 0,1 of a world of 4 that only entered collective #1 say nothing of
+    ranks 2,3 (they may never have started: named so); once #1 completed on one of them, ranks 2,3
+    took part in it and run outside this watch (unseen)."""
+    from collective_records import record
+
+    from pytest_nccl.core.referee import Referee
+    from pytest_nccl.core.states import RankState, RecordState
+    from pytest_nccl.watch.follow import Followed, RemoteRank
+    from pytest_nccl.watch.jobdir import RankInfo
+    from pytest_nccl.watch.monitor import Monitor
+
+    monitor = Monitor(str(tmp_path), 8.0, connect=lambda info, decides: None)
+    try:
+        ranks = {r: Followed(r, RemoteRank(r, RankInfo(rank=r), None)) for r in (0, 1)}  # type: ignore[arg-type]
+        for r, f in ranks.items():
+            f.records = [record(r, 1, state=RecordState.ENTERED)]
+        monitor.ranks, monitor.world, monitor.referee = ranks, 4, Referee(4, 8.0, 0.0)
+        monitor._ranks_elsewhere()
+        assert not monitor.other_nodes and monitor._report(2, None).state == RankState.NOT_STARTED
+        ranks[1].records = [record(1, 1), record(1, 2, state=RecordState.ENTERED)]
+        monitor._ranks_elsewhere()
+        assert monitor.other_nodes and monitor._report(2, None).state == RankState.UNSEEN
+    finally:
+        monitor.close()

@@ -23,7 +23,7 @@ from ..core.messages import AgentRequest
 from ..core.referee import TIMING as RULES
 from ..core.referee import Referee
 from ..core.reports import CallOutcome, RankReport
-from ..core.states import RankState, Reason
+from ..core.states import RankState, Reason, RecordState
 from . import jobdir
 from .channel import CONNECT_WAIT
 from .channel import connect as channel_connect
@@ -41,6 +41,7 @@ from .window import Window
 # rank 0 at once was reported with two ranks "never entered it" (the soak, 1 round in 9). It ends as
 # soon as every running rank waits in a collective, so a verdict is late by 2 s at most.
 JOB_RULES = replace(RULES, settle=2.0)
+DEFAULT_GROUP = "default"  # the label of the world's group in the journals (rank/trace_core.py)
 
 
 class Monitor:
@@ -53,6 +54,7 @@ class Monitor:
         self.world = 0
         self.connect = connect
         self.node_count = 1                 # nodes the job's ranks run on (LOCAL_WORLD_SIZE < WORLD_SIZE: more)
+        self.elsewhere = False              # ranks this watch never saw took part in a collective (_ranks_elsewhere)
         self.nodes: Nodes | None = None      # the other nodes' watches, when the channel is up
         self.referee: Referee | None = None
         self.driver: CallDriver | None = None  # the call's driver, once the referee exists
@@ -69,8 +71,9 @@ class Monitor:
     # -- one tick ------------------------------------------------------------------------------------
     @property
     def other_nodes(self) -> bool:
-        """Ranks run on other nodes too."""
-        return self.node_count > 1
+        """Ranks run outside this watch too: on other nodes (LOCAL_WORLD_SIZE < WORLD_SIZE), or ranks it
+        never saw are known to run somewhere (``_ranks_elsewhere``)."""
+        return self.node_count > 1 or self.elsewhere
 
     @property
     def self_judged(self) -> bool:
@@ -87,6 +90,7 @@ class Monitor:
             return None
         for f in list(self.ranks.values()):
             self._read(f)
+        self._ranks_elsewhere()
         self.window.trim(self.ranks, self.world)
         self._finished(now)
         self._lose_sight()
@@ -200,6 +204,19 @@ class Monitor:
             f.finished_at = now
             self._referee().finished(f.rank, f.state, now)
 
+    def _ranks_elsewhere(self) -> None:
+        """A collective of the default group completes only once every rank of the world is in it: one
+        completed while some ranks were never seen here proves they run outside this watch (another
+        node of a job launched without torchrun's variables, another default world's ranks there, a
+        process not started under the watch). They are unseen then, never "never started": a healthy
+        job was failed with "ranks 2,3 never created the default process group"."""
+        if self.elsewhere or self.referee is None or len(self.ranks) >= self.world:
+            return
+        self.elsewhere = any(rec.state is RecordState.COMPLETED and rec.pg == DEFAULT_GROUP
+                             for f in list(self.ranks.values()) for rec in f.records)
+        if self.elsewhere:
+            _debug(f"ranks {sorted(set(range(self.world)) - set(self.ranks))} run outside this watch")
+
     def _lose_sight(self) -> None:
         """The channel to the other nodes' watches ended (their deciding watch exited, or its store
         failed past every retry): their ranks still running are unseen from now on, neither running
@@ -285,6 +302,7 @@ class Monitor:
             return None
         for f in self.ranks.values():
             self._read(f)
+        self._ranks_elsewhere()
         self._finished(now)
         local = self.local_ranks()
         for f in local.values():  # another node's ranks are its launcher's to end
