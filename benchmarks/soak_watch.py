@@ -37,6 +37,7 @@ HEALTHY = [
     "tests/test_watch_launchers.py::test_multiprocessing_ranks[good-mp-spawn]",
     "tests/test_watch_launchers.py::test_multiprocessing_ranks[good-mp-fork]",
     "tests/test_watch_worlds.py::test_two_healthy_worlds_pass_untouched",
+    "tests/test_watch_worlds.py::test_ranks_outside_the_watch_are_unseen_never_not_started",
 ]
 FAULTY = [
     "tests/test_watch_nodes.py::test_a_slow_rank_on_the_other_node_is_named_by_both_watches",
