@@ -11,6 +11,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 
 def _run(code: str) -> str:
     # without the launched-ranks hook this test's children get (docs/launched.md): it would install
@@ -102,38 +104,6 @@ def test_a_stopped_trace_holds_none_of_the_jobs_tensors(tmp_path):
     assert out.split() == ["True", "True", "True"], out
 
 
-def test_a_store_wait_that_outlives_its_trace_returns_normally(tmp_path):
-    """A thread beside the test waits in ``store.get`` when the test's trace ends (SPMD mode's decider
-    on rank 0, a user's weight-sync thread): its journal line comes after the trace closed its
-    descriptor. It was written to descriptor -1, and the thread's ``store.get`` raised ``OSError:
-    [Errno 9] Bad file descriptor`` (a soak's round failed a passing test with it)."""
-    job = tmp_path / "job.py"
-    journal = tmp_path / "journal.txt"
-    job.write_text(textwrap.dedent(f"""
-        import datetime, threading
-        import torch.distributed as dist
-        from pytest_nccl.rank import tracer
-        tracer.install()
-        store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=30))
-        tracer.start({str(journal)!r})
-        raised = []
-        def wait():
-            try:
-                store.get("late")
-            except Exception as exc:
-                raised.append(repr(exc))
-        t = threading.Thread(target=wait)
-        t.start()
-        while "store.get" not in open({str(journal)!r}).read():
-            pass
-        tracer.stop()
-        dist.TCPStore("127.0.0.1", store.port, 1, False).set("late", "1")  # a client of its own
-        t.join(30)
-        print(raised or "fine")
-    """))
-    assert _run(f"import runpy; runpy.run_path({str(job)!r})").split() == ["fine"]
-
-
 def test_pytest_nccl_s_own_store_reads_are_not_the_test_s_waits(tmp_path):
     """SPMD mode's decider and watchdog read the launcher's store beside the test: those reads showed
     in the failure's table as the test's 'group outside: store.get' on rank 0. A read from the user's
@@ -174,11 +144,13 @@ def test_the_watch_rotates_only_its_own_journal(tmp_path):
     assert out.split() == ["True", "-1"], out
 
 
-def test_a_wait_that_outlives_its_trace_returns_normally(tmp_path):
-    """A thread of the job waits on an async transfer (``Work.wait``) when the test's trace ends: its
-    completion line comes after the trace closed its journal. It was written to descriptor -1, and
-    ``wait()`` raised ``OSError: [Errno 9] Bad file descriptor`` in the job's thread; it goes to
-    /dev/null now, and the journal's descriptor is closed only at the next trace's end."""
+@pytest.mark.parametrize("wait", ["store-get", "transfer"])
+def test_a_wait_that_outlives_its_trace_returns_normally(tmp_path, wait):
+    """A thread of the job waits when the test's trace ends: in ``store.get`` (SPMD mode's decider on
+    rank 0, a user's weight-sync thread) or on an async transfer (``Work.wait``). Its journal line
+    came after the trace closed its descriptor: written to descriptor -1, it raised ``OSError:
+    [Errno 9] Bad file descriptor`` in that thread (a soak's round failed a passing test with it).
+    It goes to /dev/null now, and the journal's own descriptor is closed at the next trace's end."""
     job = tmp_path / "job.py"
     journal = tmp_path / "journal.txt"
     job.write_text(textwrap.dedent(f"""
@@ -186,7 +158,7 @@ def test_a_wait_that_outlives_its_trace_returns_normally(tmp_path):
         import torch
         import torch.distributed as dist
         timeout = datetime.timedelta(seconds=60)
-        if len(sys.argv) > 1:  # rank 1: sends once rank 0's trace has ended
+        if len(sys.argv) > 1:  # rank 1 of the transfer: sends once rank 0's trace has ended
             store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), 2, False, timeout=timeout)
             dist.init_process_group("gloo", store=store, rank=1, world_size=2)
             store.get("go")
@@ -196,28 +168,35 @@ def test_a_wait_that_outlives_its_trace_returns_normally(tmp_path):
         from pytest_nccl.rank import tracer
         tracer.install()
         store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=timeout, wait_for_workers=False)
-        rank1 = subprocess.Popen([sys.executable, __file__, str(store.port)])
-        dist.init_process_group("gloo", store=store, rank=0, world_size=2)
+        transfer = {wait == "transfer"}
+        if transfer:
+            rank1 = subprocess.Popen([sys.executable, __file__, str(store.port)])
+            dist.init_process_group("gloo", store=store, rank=0, world_size=2)
         tracer.start({str(journal)!r})
         received, raised = torch.zeros(1), []
-        def receive():
+        def wait():
             try:
-                dist.irecv(received, src=1).wait()
+                if transfer:
+                    dist.irecv(received, src=1).wait()
+                else:
+                    received.fill_(float(store.get("go")))
             except Exception as exc:
                 raised.append(repr(exc))
-        t = threading.Thread(target=receive)
+        t = threading.Thread(target=wait)
         t.start()
-        while "\\nW\\t" not in open({str(journal)!r}).read():
+        while ("\\nW\\t" if transfer else "store.get") not in open({str(journal)!r}).read():
             pass
         tracer.stop()
-        store.set("go", "1")
+        dist.TCPStore("127.0.0.1", store.port, 2, False, timeout=timeout).set("go", "1")  # a client of its own
         t.join(60)
         tracer.start({str(tmp_path / "next.txt")!r})  # the next test's trace
         tracer.stop()
         fds = os.listdir("/proc/self/fd")
         open_journals = [fd for fd in fds if os.path.realpath(f"/proc/self/fd/{{fd}}").endswith("journal.txt")]
-        rank1.wait(60)
-        dist.destroy_process_group()
+        if transfer:
+            rank1.wait(60)
+            dist.destroy_process_group()
         print(raised or "fine", received.item(), len(open_journals))
     """))
-    assert _run(f"import runpy; runpy.run_path({str(job)!r}, run_name='__main__')").split() == ["fine", "1.0", "0"]
+    out = _run(f"import runpy; runpy.run_path({str(job)!r}, run_name='__main__')")
+    assert out.split() == ["fine", "1.0", "0"], out
