@@ -93,10 +93,10 @@ class JournalWriter:
         job. The journal's own descriptor is closed one writer later, so a thread that read its
         number just before cannot write into a file that got the number since."""
         global _retired
-        fd, self.fd = self.fd, _null_fd()
-        if fd >= 0 and fd != self.fd:
+        if self.fd >= 0 and (_null is None or self.fd != _null[0]):  # not closed before
             _close_if_same(_retired)
-            _retired = (fd, os.fstat(fd)) if _valid(fd) else None
+            _retired = _held(self.fd)
+        self.fd = _null_fd()
         return self.fd
 
 
@@ -104,12 +104,12 @@ _null: tuple[int, os.stat_result] | None = None  # /dev/null, where closed journ
 _retired: tuple[int, os.stat_result] | None = None  # the last closed journal's descriptor, still open
 
 
-def _valid(fd: int) -> bool:
+def _held(fd: int) -> tuple[int, os.stat_result] | None:
+    """``fd`` with the file it is now, to tell later whether it still is (``_same``)."""
     try:
-        os.fstat(fd)
-        return True
+        return fd, os.fstat(fd)
     except OSError:
-        return False
+        return None
 
 
 def _same(held: tuple[int, os.stat_result]) -> bool:
@@ -130,8 +130,8 @@ def _close_if_same(held: tuple[int, os.stat_result] | None) -> None:
 def _null_fd() -> int:
     global _null
     if _null is None or not _same(_null):
-        fd = os.open(os.devnull, os.O_WRONLY)
-        _null = (fd, os.fstat(fd))
+        _null = _held(os.open(os.devnull, os.O_WRONLY))
+        assert _null is not None  # opened just now
     return _null[0]
 
 
