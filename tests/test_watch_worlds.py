@@ -65,7 +65,7 @@ def test_a_fault_among_ranks_outside_the_watch_names_them_unseen(tmp_path):
     cannot see are unseen in it, not 'never created the default process group'."""
     run = run_watch(tmp_path, [sys.executable, str(JOB), "elsewhere-bad"], "--timeout", "8")
     assert run.code == 3, run.text
-    assert "ranks 2,3: unseen" in run.stderr or "ranks 2,3 cannot be seen by this watch" in run.stderr, run.text
+    assert "ranks 2,3: unseen: runs outside this watch" in run.stderr, run.text
     assert "never created the default process group" not in run.stderr, run.text
 
 

@@ -31,7 +31,7 @@ from .follow import Followed, LocalRank, RemoteRank, fr_progress
 from .jobdir import RankInfo
 from .jobview import JobView
 from .nodes import Nodes
-from .rankreport import report_of
+from .rankreport import ON_ANOTHER_NODE, OUTSIDE, report_of
 from .timing import TIMING
 from .window import Window
 
@@ -336,7 +336,8 @@ class Monitor:
         self._finished(now)
 
     def _report(self, r: int, answer: dict | None) -> RankReport:
-        return report_of(r, self.ranks.get(r), answer, self.t0, self.other_nodes)
+        outside = ON_ANOTHER_NODE if self.node_count > 1 else OUTSIDE if self.elsewhere else None
+        return report_of(r, self.ranks.get(r), answer, self.t0, outside)
 
 
 def _import_torch_distributed() -> None:

@@ -14,11 +14,18 @@ FATAL_SIGNALS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus err
                  "Floating point exception": "SIGFPE", "Illegal instruction": "SIGILL"}
 
 
-def report_of(r: int, f: Followed | None, answer: dict | None, t0: float, other_nodes: bool) -> RankReport:
+ON_ANOTHER_NODE = "runs on another node, which this watch cannot see"
+OUTSIDE = ("runs outside this watch (another node, or a process not started under it): its peers completed "
+           "collectives with it")
+
+
+def report_of(r: int, f: Followed | None, answer: dict | None, t0: float, outside: str | None) -> RankReport:
     """Rank ``r``'s report; ``f``: how the watch follows it (None: never seen); ``answer``: its
-    agent's answer to "dump" (its stacks); ``t0``: the call's start on the watch's clock."""
-    if f is None and other_nodes:
-        return RankReport(r, RankState.UNSEEN, message="runs on another node, which this watch cannot see")
+    agent's answer to "dump" (its stacks); ``t0``: the call's start on the watch's clock;
+    ``outside``: where a rank never seen runs, when the watch knows it runs somewhere
+    (``ON_ANOTHER_NODE``, ``OUTSIDE``), else None."""
+    if f is None and outside:
+        return RankReport(r, RankState.UNSEEN, message=outside)
     if f is None:
         return RankReport(r, RankState.NOT_STARTED, message="never created the default process group")
     if f.unseen and f.state is None:
