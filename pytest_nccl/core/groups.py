@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+DEFAULT = "default"  # the label of the world's own group (group=None, GroupMember.WORLD)
+
 
 def rank_ranges(ranks) -> str:
     """'0-14,16' for ranks 0..14 and 16: runs of three or more as ranges."""

@@ -19,6 +19,7 @@ from typing import Callable
 
 from ..core.call import CallDriver, Dumps
 from ..core.diagnosis.wording import JOB
+from ..core.groups import DEFAULT
 from ..core.messages import AgentRequest
 from ..core.referee import TIMING as RULES
 from ..core.referee import Referee
@@ -41,7 +42,6 @@ from .window import Window
 # rank 0 at once was reported with two ranks "never entered it" (the soak, 1 round in 9). It ends as
 # soon as every running rank waits in a collective, so a verdict is late by 2 s at most.
 JOB_RULES = replace(RULES, settle=2.0)
-DEFAULT_GROUP = "default"  # the label of the world's group in the journals (rank/trace_core.py)
 
 
 class Monitor:
@@ -212,7 +212,7 @@ class Monitor:
         job was failed with "ranks 2,3 never created the default process group"."""
         if self.elsewhere or self.referee is None or len(self.ranks) >= self.world:
             return
-        self.elsewhere = any(rec.state is RecordState.COMPLETED and rec.pg == DEFAULT_GROUP
+        self.elsewhere = any(rec.state is RecordState.COMPLETED and rec.pg == DEFAULT
                              for f in list(self.ranks.values()) for rec in f.records)
         if self.elsewhere:
             _debug(f"ranks {sorted(set(range(self.world)) - set(self.ranks))} run outside this watch")
