@@ -1,6 +1,6 @@
 """Soak: the watch's multi-node tests, SPMD mode's two-node test, the watch's healthy-job tests and
-its jobs of two default worlds, run N rounds in a row with every core kept busy by load processes this script starts and stops
-itself. A benchmark, not a timed test: it counts, it does not gate.
+its jobs of two default worlds, run N rounds in a row with every core kept busy by load processes
+this script starts and stops itself. A benchmark, not a timed test: it counts, it does not gate.
 
 - a **false verdict**: a healthy job's test failed (the watch failed a clean job, or did not let it
   end untouched);
@@ -124,15 +124,15 @@ def main() -> int:
             for n in range(1, args.rounds + 1):
                 results, elapsed = one_round(tests, os.path.join(folder, f"round{n}.xml"), env)
                 times.append(elapsed)
-                failed = []
+                failed, said = 0, []
                 for t, (ok, message) in results.items():
                     history[t].append(ok)
                     if not ok:
-                        failed.append(f"{t.split('::')[1]}: {(message.splitlines() or [''])[0][:200]}")
+                        failed += 1
+                        said.append(f"{t.split('::')[1]}: {(message.splitlines() or [''])[0][:200]}")
                     if not ok and t in healthy:  # a false verdict: what it said, whole (the last 60 lines)
-                        failed.append("\n    ".join(["", *message.splitlines()[-60:]]))
-                print(f"round {n}: {elapsed:.0f} s, {len(failed)} failed" + "".join(f"\n  {f}" for f in failed),
-                      flush=True)
+                        said.append("\n    ".join(["", *message.splitlines()[-60:]]))
+                print(f"round {n}: {elapsed:.0f} s, {failed} failed" + "".join(f"\n  {f}" for f in said), flush=True)
     except KeyboardInterrupt:
         print("soak: interrupted; counts of the rounds done", flush=True)
     finally:
