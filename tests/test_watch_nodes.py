@@ -165,6 +165,37 @@ def test_a_store_hiccup_is_retried_on_a_fresh_client_and_the_channel_stays():
     assert channel.pull(1, 0) == (1, b"E\t...\n") and not channel.lost and channel.errors == 1
 
 
+def test_a_store_gone_for_good_is_found_so_once_and_at_once():
+    """The deciding watch ended after a clean job, and its store with it. The relay thread's call
+    failed, and each retry waited out a fresh client's timeout (TCPStore's: twice the 5 s asked)
+    while it held the channel's lock; the watch's loop then waited behind it and tried as often
+    itself: node 1's watch ended a clean job 50-130 s late (the soak failed it past 120 s). Now a
+    fresh client that cannot be had (nothing listens there) ends the channel at once, and a call
+    that waited for the lock does not try again."""
+    from pytest_nccl.watch.channel import _store
+
+    calls, reopened = [], []
+
+    class Gone(FakeStore):
+        def add(self, key, n):
+            calls.append(key)
+            time.sleep(0.3)  # the other thread asks meanwhile, and waits for the lock
+            raise RuntimeError("Connection reset by peer")
+    channel = Channel(Gone(), "j/0", reopen=lambda: reopened.append(1))
+    second = threading.Thread(target=channel.pull, args=(0, 0))
+    first = threading.Thread(target=channel.pull, args=(1, 0))
+    first.start()
+    time.sleep(0.1)
+    second.start()
+    first.join(10)
+    second.join(10)
+    assert channel.lost and len(calls) == 1 and len(reopened) == 1, (calls, reopened)
+    port = free_port()  # nothing listens there
+    t0 = time.monotonic()
+    assert _store("127.0.0.1", port, 5.0) is None
+    assert time.monotonic() - t0 < 5.0  # it took 10-12 s
+
+
 def test_the_deciding_watch_judges_after_every_watch_published_up_to_now():
     """Before judging, the deciding watch asks the others to publish what their ranks wrote up to now
     and waits for each (a loaded host: a relay seconds behind the rank that entered the diverging

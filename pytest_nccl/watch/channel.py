@@ -26,9 +26,10 @@ theirs, under ``pytest-nccl-watch/<job>/``:
                            the launcher of its node: it ends that job once every watch has it)
 
 A store error is first taken for a hiccup (a loaded host: a client's socket timed out or was reset):
-the call is retried on a fresh client, ``ATTEMPTS`` times. Only when that fails too is the channel
-lost (the deciding watch, which hosts the store, ended): every call then answers "nothing", and the
-watch goes on with what it sees itself; the other nodes' ranks it could no longer follow are unseen
+the call is retried on a fresh client, ``ATTEMPTS`` times. Only when that fails too, or no fresh
+client can be had (nothing listens at the store's address: ``_store``), is the channel lost (the
+deciding watch, which hosts the store, ended): every call then answers "nothing", and the watch goes
+on with what it sees itself; the other nodes' ranks it could no longer follow are unseen
 (``RankState.UNSEEN``), never evidence about the job (``Monitor``).
 """
 
@@ -78,6 +79,8 @@ class Channel:
             return default
         with self._lock:
             for attempt in range(ATTEMPTS):
+                if self.lost:  # found so by the thread that held the lock: not tried again here
+                    return default
                 try:
                     return fn(self.store, *args)
                 except Exception as exc:  # a hiccup, or the store went away (its node ended)
@@ -86,10 +89,16 @@ class Channel:
                            f"(try {attempt + 1} of {ATTEMPTS})")
                     if attempt + 1 < ATTEMPTS:
                         time.sleep(TIMING.ask_poll * (attempt + 1))
-                        fresh = self.reopen() if self.reopen is not None else None
-                        if fresh is not None:
-                            self.store = fresh
-            self.lost = True  # on with what this watch sees
+                        if self.reopen is None:
+                            continue
+                        fresh = self.reopen()
+                        if fresh is None:  # nothing listens there any more: the store ended with its watch
+                            break
+                        self.store = fresh
+            # On with what this watch sees. Each try that waited out a fresh client's timeout on a
+            # store that was gone held the lock: the watch's loop waited in line behind the relay
+            # thread, then tried as often itself, and a clean job's watch ended 50-130 s late (soak).
+            self.lost = True
             _debug("channel: lost")
             return default
 
@@ -268,9 +277,12 @@ def _tuples(value):
 
 def _store(host: str, port: int, timeout: float, server: bool = False):
     """A TCPStore client of ``host:port`` (or a server on an ephemeral port), None when it cannot be
-    had."""
+    had: at once when nothing listens there (TCPStore's own client retries a refused connection for
+    twice its ``timeout``; a live store's port accepts at once however loaded its host)."""
     # torch's C++ log would print each failed connection attempt with a stack: the watch says it once
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    if not server and not _listening(host, port, timeout):
+        return None
     try:
         import datetime
 
@@ -280,6 +292,14 @@ def _store(host: str, port: int, timeout: float, server: bool = False):
                              timeout=datetime.timedelta(seconds=timeout))
     except Exception:  # TCPStore's error differs by torch version and cause: no store
         return None
+
+
+def _listening(host: str, port: int, timeout: float) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+        return True
+    except OSError:  # refused (gone), unreachable, unresolvable, or no answer within the timeout
+        return False
 
 
 def announcement_key(job: str) -> str:
