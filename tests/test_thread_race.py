@@ -67,13 +67,16 @@ def sync(go):
 
 @pytest.mark.nccl(world=2, timeout=6)
 def test_race(rank):
+    # rank 0: its main thread first, its thread 0.3 s later; rank 1: its thread at 2 s, its main thread
+    # at 3 s. The order differs once rank 1's thread goes, and by then rank 0 issued from both of its
+    # threads, however late a loaded host started it (rank 0's thread at 1 s was once judged too late)
     go = threading.Event()
     threading.Thread(target=sync, args=(go,), name="weight-sync", daemon=True).start()
-    if rank == 1:  # rank 1's thread goes first; rank 0's once its main thread is inside the all_reduce
-        go.set()
-        time.sleep(1.0)
-    else:
-        threading.Timer(1.0, go.set).start()
+    timer = threading.Timer(0.3 if rank == 0 else 2.0, go.set)
+    timer.daemon = True
+    timer.start()
+    if rank == 1:
+        time.sleep(3.0)
     dist.all_reduce(torch.ones(2))  # THE MAIN THREAD'S
 
 
