@@ -75,11 +75,9 @@ class Channel:
 
     def _call(self, fn, *args, default=None):
         """``fn(*args)`` on the store; ``fn`` takes the store first (a fresh client may replace it)."""
-        if self.lost:
-            return default
         with self._lock:
             for attempt in range(ATTEMPTS):
-                if self.lost:  # found so by the thread that held the lock: not tried again here
+                if self.lost:  # found so before, maybe by the thread that held the lock: not tried again
                     return default
                 try:
                     return fn(self.store, *args)
