@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import json
 
-from .groups import GroupId
+from .groups import DEFAULT, GroupId
 from .records import CollectiveRecord
 from .states import RecordState, Source
 
@@ -37,7 +37,7 @@ def group_name_of(label: str, group: str = "") -> str:
     with the user's name ("tp[2,3]") carries it in the record's ``group`` (journal v2)."""
     if group:
         return group
-    if label == "default":
+    if label == DEFAULT:
         return "0"
     name = GroupId.parse(label).name
     return name[2:] if name.startswith("pg") else name

@@ -91,7 +91,7 @@ class GroupId:
         """The ranks the label carries, in group rank order; None for the default group or a label
         without all of its ranks ("pg3[0,1,...]")."""
         inside = self.ranks
-        if not inside or self.name == "default":
+        if not inside or self.name == DEFAULT:
             return None
         if ",+" in inside:  # "weights[0,+1]": a side group; its other members are not ranks of this world
             inside = inside.split(",+", 1)[0]
