@@ -18,7 +18,8 @@ import os
 import sys
 from typing import Sequence
 
-EXIT_USAGE = 2
+from .usage import EXIT_USAGE, Parser, UsageError, report
+
 EXIT_CODES = """exit status:
   0    done (bisect: found; sweep: no release bad; matrix: ran, red cells are results)
   1    bisect: found but ambiguous (untested releases next to it); sweep: a release is bad
@@ -54,13 +55,13 @@ def build_parser(prog: str) -> tuple[argparse.ArgumentParser, dict[str, argparse
     from .bisect import cli as bisect_cli
     from .bisect.matrix import cli as matrix_cli
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=prog, description="pytest-nccl's commands. The pytest plugin itself needs none: "
                                "`pytest --nccl-world=2` (see README).",
         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
-    subs = {}
+    subs: dict[str, argparse.ArgumentParser] = {}
     for name, module in (("bisect", bisect_cli), ("matrix", matrix_cli)):
         subs[name] = sub.add_parser(name, help=COMMANDS[name], description=module.DESCRIPTION,
                                     epilog=module.EPILOG)
@@ -82,14 +83,19 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     own, pytest_args = bisect_cli.split_argv(argv)
     parser, subs = build_parser(prog)
     try:
-        ns = parser.parse_args(own)
+        ns, unknown = parser.parse_known_args(own)
         if ns.command is None:
-            parser.error(f"give a command: {', '.join(COMMANDS)} (see {prog} --help)")
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}" if unknown
+                         else f"give a command: {', '.join(COMMANDS)}")
+        if unknown:  # said by the command they were given to, as its own parser would
+            subs[ns.command].error(f"unrecognized arguments: {' '.join(unknown)}")
         if ns.command == "bisect":
             ns = bisect_cli.check_args(subs["bisect"], ns, pytest_args)
         else:
             ns = matrix_cli.check_args(subs["matrix"], ns, pytest_args, argv[1:])
-    except SystemExit as e:  # argparse: --help and --version (0), a usage error (2, one line on stderr)
+    except UsageError as e:  # of the program or of a command: one line, under the command's name
+        return report(e, prog)
+    except SystemExit as e:  # argparse: --help and --version
         return int(e.code) if isinstance(e.code, int) else EXIT_USAGE
     return (bisect_cli if ns.command == "bisect" else matrix_cli).run_command(ns)
 

@@ -31,6 +31,7 @@ from typing import Callable, Sequence, TextIO
 
 from packaging.version import InvalidVersion, Version
 
+from ..usage import Parser, UsageError, report
 from . import builders, search
 from . import envs as envs_mod
 from .heartbeat import Heartbeat
@@ -70,14 +71,16 @@ EPILOG = ("Everything after '--' is passed to pytest, e.g. -- suites/trl -k cpo 
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EPILOG)
+    p = Parser(prog=prog, description=DESCRIPTION, epilog=EPILOG)
     add_arguments(p)
     return p
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The command's arguments, on its own parser or on ``pytest-nccl``'s subcommand parser."""
-    p.add_argument("package", help="distribution name on the index, e.g. trl")
+    # optional to argparse, so that none given is check_args' one line with an example, not
+    # argparse's list of what is required
+    p.add_argument("package", nargs="?", help="distribution name on the index, e.g. trl")
     p.add_argument("--good", metavar="V", help="a release where the tests pass")
     p.add_argument("--bad", metavar="V", help="a release where the tests fail")
     p.add_argument("--sweep", action="store_true",
@@ -160,6 +163,8 @@ def parse_args(argv: Sequence[str], prog: str = PROG) -> argparse.Namespace:
 def check_args(parser: argparse.ArgumentParser, ns: argparse.Namespace, pytest_args: list[str]) -> argparse.Namespace:
     """What argparse alone cannot check; ``parser.error`` (one line, exit 2) for what is wrong."""
     ns.pytest_args = pytest_args
+    if not ns.package:
+        parser.error("give the PACKAGE and its releases, e.g. trl --good 0.13.0 --bad 0.16.1 -- suites/trl -k cpo")
     if ns.sweep:
         lo = ns.from_ or ns.good
         hi = ns.to or ns.bad
@@ -254,10 +259,12 @@ def _make_cache(ns, out: TextIO,
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None, prog: str = PROG, *,
          parse: Callable | None = None, command: Callable | None = None) -> int:
     """The command line of ``bisect`` (or of the command whose ``parse`` and ``command`` are given):
-    a usage error as exit 2."""
+    a usage error as one line and exit 2."""
     try:
         ns = (parse or parse_args)(list(sys.argv[1:] if argv is None else argv), prog)
-    except SystemExit as e:
+    except UsageError as e:
+        return report(e, prog)
+    except SystemExit as e:  # --help
         return int(e.code) if isinstance(e.code, int) else EXIT_USAGE
     return (command or run_command)(ns, out)
 

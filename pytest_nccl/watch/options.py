@@ -1,24 +1,18 @@
 """The command line of ``pytest-nccl watch``: its options, declared and checked in one place (a bad
-one is one line and exit 2, ``cli.main``)."""
+one is one line and exit 2, ``cli.main``, as for every command: ``pytest_nccl.usage``)."""
 
 from __future__ import annotations
 
 import argparse
 
+from ..usage import Parser, UsageError
+
 PROG = "pytest-nccl watch"
-
-
-class UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError(message)
+__all__ = ["PROG", "UsageError", "build_parser", "parse"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Run a torch.distributed job with every rank's collectives "
+    p = Parser(prog=PROG, description="Run a torch.distributed job with every rank's collectives "
                 "traced; when it hangs or desyncs, print which rank, which collective and which line, "
                 "and end it.",
                 epilog="Exit: 3 a verdict (whether the watch or the launcher ended the job); 4 a verdict with "

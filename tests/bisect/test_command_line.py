@@ -42,7 +42,7 @@ def test_one_program_name_the_one_the_user_typed(argv0, prog, capsys):
     assert program_name(argv0) == prog
     assert main(["bisect", "trl"], prog=prog) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"usage: {prog} bisect ") and f"{prog} bisect: error: a bisect needs --good" in err
+    assert err.startswith(f"{prog} bisect: error: a bisect needs --good") and err.count("\n") == 1
     assert main(["matrix", "--help"], prog=prog) == 0
     assert capsys.readouterr().out.startswith(f"usage: {prog} matrix ")
 

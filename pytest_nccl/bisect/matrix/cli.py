@@ -36,6 +36,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from ...core.states import CaseOutcome
+from ...usage import Parser
 from .. import cli as bisect_cli
 from ..heartbeat import Heartbeat
 from ..prober import ProbeConfig, make_request
@@ -61,7 +62,7 @@ EPILOG = ("Everything after '--' is passed to pytest, e.g. -- suites/trl/matrix 
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EPILOG)
+    p = Parser(prog=prog, description=DESCRIPTION, epilog=EPILOG)
     add_arguments(p)
     return p
 
