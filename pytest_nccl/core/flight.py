@@ -59,6 +59,8 @@ def records_from_dump(text: str | None, rank: int, since_ns: int = 0) -> list[Co
         if created < since_ns:
             continue
         name = str((entry.get("process_group") or ["?"])[0])
+        if not name:  # a backend built over a store of its own, never named by c10d: a side group the
+            continue  # tracer journals in Python, or a backend's own internals (the NCCL model's gloo)
         op = str(entry.get("profiling_name", "?")).split(":", 1)[-1]
         dtypes = entry.get("input_dtypes") or []
         out.append(CollectiveRecord(

@@ -7,6 +7,11 @@ the controller can read it while the rank is stuck. One file per rank per call, 
     E <pg> <seq> <op> <async> <t> <shapes> <dtype> <fr_seq> <site> [<args>]   entered
     W <pg> <seq> <t> [<i>]                                         waits on an async op (Work.wait,
                                                                    a functional op's wait_tensor)
+    Q <pg> <seq> <t> [<i>]                                         (v4) returned, not completed: the
+                                                                   call (or Work.wait) returned before
+                                                                   its work did (NCCL: enqueued on a
+                                                                   stream); its C line comes when the
+                                                                   work completes (Work.is_completed)
     C <pg> <seq> <t> [<i>]                                         completed
     R <pg> <seq> <fr_seq_end>                                      composite op (all_gather_object):
                                                                    last group sequence id it used
@@ -19,7 +24,7 @@ the controller can read it while the rank is stuck. One file per rank per call, 
 ``<t>``: seconds since the call started, as a decimal ("0.001520") or as an integer count of
 nanoseconds written "<ns>e-9" (the tracer's hot path: cheaper to format); both read with float().
 A synchronous collective's C line may come with the next line the rank writes (at most
-``trace_core.FLUSH_EVERY`` later): lines are matched by (pg, seq), never by their order.
+``trace_completion.FLUSH_EVERY`` later): lines are matched by (pg, seq), never by their order.
 
 ``<site>`` may end in "\x1f<thread name>": the collective was issued by a thread other than the
 rank's main one (the record's ``thread``).
@@ -42,7 +47,7 @@ The arguments of O and U lines (v3), each optional, go to the record's ``detail`
     name=weights        the group's name; key=ready: the key a store read waits for
     joined=0,1          the members whose address is in the group's store ("-": none yet)
 
-``<i>`` on W and C: the index of the transfer of a batch_isend_irecv whose Work it is (one Work per
+``<i>`` on W, Q and C: the index of the transfer of a batch_isend_irecv whose Work it is (one Work per
 transfer); without it, the line is about every transfer of the record.
 
 Imported by ranks: standard library only.
@@ -63,6 +68,7 @@ class Line(str, Enum):
     ENTERED = "E"
     WAITS = "W"
     COMPLETED = "C"
+    IN_FLIGHT = "Q"   # returned before its work completed (v4)
     RESULT = "R"      # a composite op's last group sequence id
     OUTSIDE = "O"     # a wait outside any collective
     UPDATE = "U"      # what such a wait learned since
@@ -185,9 +191,13 @@ def _entered(fields: list, rank: int, with_args: bool = True) -> CollectiveRecor
     return rec
 
 
+_MARKS = {Line.WAITS: RecordState.WAITING, Line.IN_FLIGHT: RecordState.IN_FLIGHT,
+          Line.COMPLETED: RecordState.COMPLETED}
+
+
 def _mark(rec: CollectiveRecord, kind: str, t: float, index: int) -> None:
-    """A W or C line: for one transfer of a batch, or for the whole record."""
-    new = RecordState.WAITING if kind == Line.WAITS else RecordState.COMPLETED
+    """A W, Q or C line: for one transfer of a batch, or for the whole record. Completed stays."""
+    new = _MARKS[Line(kind)]
     if rec.p2p:
         for i, p in enumerate(rec.p2p):
             if index < 0 or i == index:
@@ -195,7 +205,8 @@ def _mark(rec: CollectiveRecord, kind: str, t: float, index: int) -> None:
                     p.state = new
         states = {p.state for p in rec.p2p}
         state = (RecordState.COMPLETED if states == {RecordState.COMPLETED} else
-                 RecordState.WAITING if RecordState.WAITING in states else RecordState.ENTERED)
+                 RecordState.WAITING if RecordState.WAITING in states else
+                 RecordState.IN_FLIGHT if RecordState.IN_FLIGHT in states else RecordState.ENTERED)
     else:
         state = new if new == RecordState.COMPLETED or rec.state != RecordState.COMPLETED else RecordState.COMPLETED
     if state == RecordState.COMPLETED and rec.state != RecordState.COMPLETED:
@@ -205,7 +216,7 @@ def _mark(rec: CollectiveRecord, kind: str, t: float, index: int) -> None:
 
 def _read_line(line: str, rank: int, by_key: dict, with_args: bool = True) -> CollectiveRecord | None:
     """One journal line: the record it enters (E, O lines; ``by_key`` learns it), else None once
-    applied to the record it names (U, R, W, C lines). A line that cannot be read is skipped."""
+    applied to the record it names (U, R, W, Q, C lines). A line that cannot be read is skipped."""
     fields = line.split("\t")
     kind = fields[0]
     try:
@@ -220,7 +231,7 @@ def _read_line(line: str, rank: int, by_key: dict, with_args: bool = True) -> Co
             _apply_detail(rec, fields[3])
         elif kind == Line.RESULT:
             rec.fr_seq_end = int(fields[3])
-        elif kind in (Line.WAITS, Line.COMPLETED):
+        elif kind in _MARKS:
             _mark(rec, kind, float(fields[3]), int(fields[4]) if len(fields) > 4 and fields[4] else -1)
     except ValueError:
         pass
@@ -252,7 +263,7 @@ def read_journal(path: str, rank: int) -> list[CollectiveRecord]:
 
 class JournalTail:
     """A journal read as it grows (``pytest-nccl watch`` follows a running job): ``feed`` takes the
-    bytes that followed the last chunk and returns the records they entered; their W, C and R lines
+    bytes that followed the last chunk and returns the records they entered; their W, Q, C and R lines
     may update records of earlier chunks. A line cut at the end of a chunk waits for the next one.
     The same format as ``parse_journal``, whose whole-file reading the forked and SPMD modes keep."""
 

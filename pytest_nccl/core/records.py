@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .ops import ROOT_ARG, SHAPE_MATCHED_OPS
-from .states import RankState, RecordState, Source
+from .states import WAITED_ON, RankState, RecordState, Source
 
 
 @dataclass
@@ -91,9 +91,9 @@ class CollectiveRecord:
 
     def blocking_p2p(self) -> list:
         """The transfers this rank waits on now in this record (all of a synchronous send/recv,
-        those whose Work.wait it is in for async ones)."""
+        those whose Work.wait it is in, or that returned incomplete, for async ones)."""
         if self.async_op:
-            return [p for p in self.p2p if p.state == RecordState.WAITING]
+            return [p for p in self.p2p if p.state in WAITED_ON]
         return [p for p in self.p2p if p.state != RecordState.COMPLETED]
 
 
@@ -127,12 +127,18 @@ class RankView:
     @property
     def current(self) -> CollectiveRecord | None:
         """The collective this rank sits in now (the last pending synchronous one, or the async one it
-        waits on), or None when it is outside any collective."""
+        waits on), else the first it waits for at a sync point (returned, not completed: NCCL runs
+        them in order on its stream), or None when it is outside any collective."""
+        in_flight = None
         for rec in reversed(self.records):
             if rec.source == Source.OUTSIDE:
                 continue
             if rec.state == RecordState.WAITING or (rec.state == RecordState.ENTERED and not rec.async_op):
                 return rec
+            if rec.state == RecordState.IN_FLIGHT:
+                in_flight = rec
+        if in_flight is not None:
+            return in_flight
         # issued from C++ (DDP's reducer): the Flight Recorder's last unfinished entry
         for rec in reversed(self.records):
             if rec.source == Source.FLIGHT_RECORDER:

@@ -37,7 +37,7 @@ from typing import Protocol
 from .diagnosis import first_divergence
 from .groups import GroupId, members_of
 from .records import RankView
-from .states import MISMATCH_KINDS, RankState, Reason, RecordState, Source
+from .states import MISMATCH_KINDS, WAITED_ON, RankState, Reason, Source
 from .waits import P2PIndex, stuck_ranks
 
 # -- the predicates of the rules, on the journals read so far (pure: tested on data) --------------
@@ -84,7 +84,7 @@ def stuck_on_mismatch(journals: dict, views: dict, live: dict) -> bool:
     """True when every running rank waits in a collective and the first divergence is a mismatch
     (op, shape, dtype, root, reduce op or splits at the same position): it would hang there for good."""
     for rank in live:
-        if not any(r.pending and (not r.async_op or r.state == RecordState.WAITING) for r in journals[rank]):
+        if not any(r.pending and (not r.async_op or r.state in WAITED_ON) for r in journals[rank]):
             return False
     trial = [RankView(r, status=views[r].status, records=journals[r]) for r in range(len(journals))]
     div = first_divergence(trial)

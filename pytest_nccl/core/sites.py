@@ -107,14 +107,22 @@ def _user_frames(stack: str) -> list[tuple[str, str, str, str]]:
 
 
 _TORCH_DIR = os.sep + "torch" + os.sep
+_STDLIB = os.sep + "lib" + os.sep + "python3"
+# Frames below the user's line: torch, the NCCL model (a backend, as torch's), the standard library
+# (threading's Event.wait under a sync point, queue's get).
+_BELOW_USER = (_TORCH_DIR, _OURS + "testing" + os.sep + "nccl_model.py")
+
+
+def _below_user(path: str) -> bool:
+    return any(part in path for part in _BELOW_USER) or (_STDLIB in path and "-packages" + os.sep not in path)
 
 
 def _place_frame(stack: str) -> tuple[str, str, str, str] | None:
-    """The frame that says where a rank is: the innermost of the main thread outside pytest_nccl and
-    torch (the user's ``torch.cuda.synchronize()``, not torch's own line inside it), else the
-    innermost outside pytest_nccl."""
+    """The frame that says where a rank is: the innermost of the main thread outside pytest_nccl,
+    torch and the standard library (the user's ``torch.cuda.synchronize()`` or ``q.get()``, not
+    the line inside it), else the innermost outside pytest_nccl."""
     frames = _user_frames(stack)
-    return next((f for f in reversed(frames) if _TORCH_DIR not in f[0]), frames[-1] if frames else None)
+    return next((f for f in reversed(frames) if not _below_user(f[0])), frames[-1] if frames else None)
 
 
 def stack_top(stack: str) -> str:

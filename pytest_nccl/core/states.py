@@ -108,7 +108,15 @@ class RecordState(Word):
     """Where one collective is on the rank that issued it."""
     ENTERED = "entered"      # issued, not completed (a synchronous one: the rank sits in it)
     WAITING = "waiting"      # an async one whose Work.wait the rank sits in
+    # the call (or its Work.wait) returned before the work completed: NCCL enqueued it on a stream and
+    # the CPU went on; the rank waits for it at its next sync point (docs/diagnosis.md, "Backends")
+    IN_FLIGHT = "in-flight"
     COMPLETED = "completed"
+
+
+# An async collective's states in which the rank waits for it: it sits in its Work.wait, or it waits
+# at a sync point for one enqueued and not completed (or will, at its next one)
+WAITED_ON = frozenset({RecordState.WAITING, RecordState.IN_FLIGHT})
 
 
 class Source(Word):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-import time
 import zlib
 from time import perf_counter, perf_counter_ns
 from typing import Callable
@@ -34,7 +33,7 @@ class GroupTrace:
     member must agree on."""
 
     __slots__ = ("label", "p2p_label", "name", "pg", "seq", "p2p_seq", "digest", "splits", "e_line", "c_line",
-                 "p2p_e_line", "p2p_c_line", "g_arg", "fr_seq", "label_b", "p2p_label_b")
+                 "p2p_e_line", "p2p_c_line", "g_arg", "fr_seq", "label_b", "p2p_label_b", "early")
 
     def __init__(self, label: str, name: str, pg):
         self.label, self.p2p_label, self.name, self.pg = label, GroupId.parse(label).transfers.label, name, pg
@@ -47,14 +46,15 @@ class GroupTrace:
         self.label_b, self.p2p_label_b = label.encode(), self.p2p_label.encode()
         # the group's own sequence number (the Flight Recorder's collective_seq_id), bound once
         self.fr_seq: Callable[[], int] | None = getattr(pg, "_get_sequence_number_for_group", None)
+        self.early = -1  # whether its calls may return before their work completed (trace_completion)
 
 
 class CallTrace:
     """The trace of one call (a test body) on this rank."""
 
     __slots__ = ("writer", "fd", "t0", "t0_ns", "default_pg", "by_id", "by_name", "by_label", "async_pending",
-                 "functional", "outside", "side_count", "site_frame", "site_back", "site_lasti", "site_text", "sites",
-                 "pending", "flushed", "raise_leaves", "path")
+                 "in_flight", "functional", "outside", "side_count", "site_frame", "site_back", "site_lasti",
+                 "site_text", "sites", "pending", "flushed", "raise_leaves", "path")
 
     def __init__(self, journal_path: str):
         self.path = journal_path
@@ -63,13 +63,19 @@ class CallTrace:
         # an adopted test creates its default group inside the call: None until then (group=None and
         # GroupMember.WORLD name it "default" either way)
         self.default_pg = c10d._get_default_group() if dist.is_initialized() else None
+        if self.default_pg is not None:
+            seen_group(self.default_pg)
         self.t0 = perf_counter()
         self.t0_ns = perf_counter_ns()
         default = GroupTrace("default", "", self.default_pg)
         self.by_id: dict[int, GroupTrace] = {id(None): default, id(self.default_pg): default}
         self.by_name: dict[str, GroupTrace] = {}      # c10d group name -> its trace (functional ops)
         self.by_label: dict[str, GroupTrace] = {"default": default}
-        self.async_pending: dict[int, tuple] = {}   # id(Work) -> (work, label, seq, transfer index)
+        # id(Work) -> (work, label, seq, transfer index, whether its Work says when it completed)
+        self.async_pending: dict[int, tuple] = {}
+        # returned before their work completed (NCCL): id(Work) -> (work, label, seq, transfer index,
+        # True); the flusher thread writes each one's C line once Work.is_completed() says so
+        self.in_flight: dict[object, tuple] = {}
         self.functional: dict[int, list] = {}       # output's storage -> [label, seq, state] (trace_functional)
         self.outside = itertools.count(1)           # numbers the waits outside collectives (trace_rendezvous.py)
         self.side_count = 0                         # groups named here without a c10d name
@@ -87,9 +93,12 @@ class CallTrace:
 
 
 active: CallTrace | None = None
-FLUSH_EVERY = 0.02  # seconds a completed collective's C line waits at most for the next write
+
+
+def default_group():
+    """The default process group, or None before init_process_group."""
+    return c10d._get_default_group() if dist.is_initialized() else None
 _fd_lock = threading.Lock()  # the flusher's and other threads' writes in order with close()'s last one
-_flusher_pid = None
 
 
 class _Local(threading.local):
@@ -98,9 +107,22 @@ class _Local(threading.local):
     # is part of that one record. Per thread: a weight-sync thread's broadcast must not hide the main
     # thread's collectives.
     inside = False
+    # the Work of the collective this thread is inside, as the group's method returned it
+    # (trace_groups.py): after a synchronous call, whether its work completed (NCCL: maybe not)
+    work = None
 
 
 local = _Local()
+
+
+def hide_thread() -> None:
+    """The calling thread's collectives are a backend's own work, not the job's: never journaled (the
+    NCCL model's streams run gloo underneath, as NCCL's kernels run unseen)."""
+    local.inside = True
+
+# Called with every group a trace meets first (trace_groups.py: a ProcessGroup subclass written in
+# Python, a backend's model or a library's own, gets its methods traced as torch's are).
+seen_group: Callable = lambda group: None  # noqa: E731
 
 
 def _forget_in_child() -> None:
@@ -158,6 +180,7 @@ def close(trace: CallTrace) -> None:
     trace.site_frame = trace.site_back = None
     trace.sites.clear()
     trace.async_pending.clear()
+    trace.in_flight.clear()
     trace.functional.clear()
     # Its process groups too: a job that destroyed its group before exiting (mp.spawn's ranks) left
     # the trace the last reference, and the flusher thread, which holds the trace for a moment 50
@@ -168,31 +191,6 @@ def close(trace: CallTrace) -> None:
     trace.default_pg = None
     for g in {*trace.by_id.values(), *trace.by_name.values(), *trace.by_label.values()}:
         g.pg = g.fr_seq = None
-
-
-def _flush_loop() -> None:
-    """A completed collective followed by a long computation is shown completed within FLUSH_EVERY."""
-    while True:
-        time.sleep(FLUSH_EVERY)
-        _flush_active()
-
-
-def _flush_active() -> None:
-    # a function of its own: the trace is not held while the thread sleeps (``close`` explains why)
-    trace = active
-    if trace is not None:
-        try:
-            flush(trace)
-        except OSError:
-            pass
-
-
-def start_flusher() -> None:
-    """The flusher thread of this process (a forked rank has none of its parent's threads)."""
-    global _flusher_pid
-    if _flusher_pid != os.getpid():
-        _flusher_pid = os.getpid()
-        threading.Thread(target=_flush_loop, name="pytest-nccl-journal", daemon=True).start()
 
 
 def replace_c10d(names, wrap: Callable) -> None:
@@ -263,7 +261,10 @@ def group_label(group, trace: CallTrace | None = None) -> tuple[str, str]:
     side = side_groups.get(id(group))
     if side is not None and side[2] is not None and side[2]() is not group:
         side = None  # a group that died had this id
-    name = getattr(group, "group_name", None)
+    try:
+        name = getattr(group, "group_name", None)
+    except RuntimeError:  # a ProcessGroup subclass written in Python has none: c10d's registry does
+        name = getattr(c10d._world, "pg_names", {}).get(group)
     if side is not None or name is None:
         if side is None:  # a Backend used directly, made before the tracer could see it
             if trace is not None:
@@ -306,6 +307,7 @@ def _add_group(trace: CallTrace, group) -> GroupTrace:
         found = GroupTrace(label, name, group)
         trace.by_label[label] = found
     trace.by_id[id(group)] = found
+    seen_group(group)
     return found
 
 

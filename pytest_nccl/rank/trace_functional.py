@@ -194,7 +194,7 @@ def _wait(op):
             result = op(*args, **kwargs)
         finally:
             local.inside = False
-        # written with the next line, or by the flusher thread (trace_core.FLUSH_EVERY)
+        # written with the next line, or by the flusher thread (trace_completion.FLUSH_EVERY)
         trace.pending = core.C_LINE % (entry[3], seq, core.perf_counter_ns() - trace.t0_ns)
         entry[2] = None
         return result

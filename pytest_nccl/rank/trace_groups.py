@@ -22,6 +22,7 @@ from types import FrameType
 import torch.distributed.distributed_c10d as c10d
 
 from ..core.sites import is_ours
+from . import trace_completion as completion
 from . import trace_core as core
 from .trace_args import global_text, split_text
 from .trace_core import describe, local
@@ -86,6 +87,7 @@ METHODS = {
     "reduce_scatter_single": ("reduce_scatter_single", 1, _reduce(2), False),
     "reduce_scatter_tensor_coalesced": ("reduce_scatter_tensor_coalesced", 1, _reduce(2), False),
     "alltoall_base": ("all_to_all_single", 1, _splits, False),
+    "all_to_all_single": ("all_to_all_single", 1, _splits, False),
     "alltoall": ("all_to_all", 1, None, False),
     "gather": ("gather", 1, _root(2), False),
     "scatter": ("scatter", 0, _root(2), False),
@@ -103,8 +105,12 @@ def _method(method: str, real, record: str, contributed: int, arguments, p2p: bo
 
     def traced(self, *args, **kwargs):
         trace = core.active
-        if trace is None or local.inside:
+        if trace is None:
             return real(self, *args, **kwargs)
+        if local.inside:  # a c10d function's own call, its record: its Work says when the work completes
+            work = real(self, *args, **kwargs)
+            local.work = work
+            return work
         try:
             g = core.group_trace(trace, self)
             shapes, dtype = describe(args[contributed]) if 0 <= contributed < len(args) else ("", "")
@@ -124,8 +130,10 @@ def _method(method: str, real, record: str, contributed: int, arguments, p2p: bo
             work = real(self, *args, **kwargs)
         finally:
             local.inside = False
-        if work is not None:  # it completes in Work.wait (tracer._traced_wait)
-            trace.async_pending[id(work)] = (work, label, seq, -1)
+        if work is not None:  # it completes in Work.wait (trace_completion.traced_wait)
+            watch = completion.watched(g, args[contributed] if 0 <= contributed < len(args) else None)
+            trace.async_pending[id(work)] = (work, label, seq, -1, watch)
+            completion.adopt_work(type(work))
         return work
 
     traced.__name__ = method
@@ -194,17 +202,40 @@ def named_backend_init(cls, real):
     return __init__
 
 
+def _trace_methods(cls, defined_only: bool = False) -> None:
+    """Put the traced method in place of each of METHODS ``cls`` has (``defined_only``: defines itself)."""
+    for method, (record, contributed, arguments, p2p) in METHODS.items():
+        real = (vars(cls).get(method) if defined_only else getattr(cls, method, None)) if cls is not None else None
+        if real is None or getattr(real, "_pytest_nccl_traced", False):
+            continue
+        try:
+            setattr(cls, method, _method(method, real, record, contributed, arguments, p2p))
+        except (AttributeError, TypeError):
+            continue
+
+
+_adopted: set = set()
+
+
+def adopt_group(group) -> None:
+    """A process group whose class is written in Python (a backend registered with
+    ``Backend.register_backend`` that returns a ProcessGroup subclass, as the NCCL model does): its
+    own methods are traced as torch's are, once per class."""
+    cls = type(group)
+    if cls in _adopted or cls.__module__.startswith("torch."):
+        return
+    _adopted.add(cls)
+    for klass in cls.__mro__:
+        if klass.__module__.startswith("torch") or klass is object:
+            break
+        _trace_methods(klass, defined_only=True)
+
+
 def install() -> None:
     """Trace the collectives of ProcessGroup and Backend objects (the constructions that name side
-    groups are wrapped by trace_rendezvous.py, which also journals their rendezvous)."""
+    groups are wrapped by trace_rendezvous.py, which also journals their rendezvous), and of the
+    Python subclasses a trace meets (``adopt_group``)."""
     import torch._C._distributed_c10d as C
     for cls_name in CLASSES:
-        cls = getattr(C, cls_name, None)
-        for method, (record, contributed, arguments, p2p) in METHODS.items():
-            real = getattr(cls, method, None) if cls is not None else None
-            if real is None or getattr(real, "_pytest_nccl_traced", False):
-                continue
-            try:
-                setattr(cls, method, _method(method, real, record, contributed, arguments, p2p))
-            except (AttributeError, TypeError):
-                continue
+        _trace_methods(getattr(C, cls_name, None))
+    core.seen_group = adopt_group

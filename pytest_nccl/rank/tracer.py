@@ -25,6 +25,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from ..core.ops import P2P_OPS, SPLIT_OPS
 from . import flight_api, trace_sites
+from . import trace_completion as completion
 from . import trace_core as core
 from .trace_args import ALWAYS_ASYNC, COMPOSITE, CONTRIBUTED, _arguments, _memo_params
 from .trace_core import _label_ranks, describe, local, pg_label  # noqa: F401 (the tracer's API)
@@ -96,6 +97,7 @@ def {name}({params}):
     # one write, before entering: what survives a SIGABRT inside the collective
     write(trace.fd, line)
     local.inside = True
+    local.work = None
     try:
         result = fn({call})
     except BaseException:
@@ -104,9 +106,14 @@ def {name}({params}):
         raise
     finally:
         local.inside = False
+    work = local.work  # what the group's method returned (trace_groups.py), if it went through one
+    if work is not None:
+        local.work = None  # not held: its tensors are the job's
     if async_op_ and result is not None:
-        pend(trace, result, label, seq, ({pos}))
-    else:  # written with the next line, or by the flusher thread (trace_core.FLUSH_EVERY)
+        pend(trace, g, value, result, label, seq, ({pos}))
+    elif work is not None and g.early != 0 and incomplete(g, value, work):  # NCCL: enqueued, not run yet
+        returned_incomplete(trace, work, label, seq)
+    else:  # written with the next line, or by the flusher thread (trace_completion.FLUSH_EVERY)
         trace.pending = c_line % (c_start, seq, perf_counter_ns() - trace.t0_ns)
     if composite:
         try:
@@ -117,14 +124,17 @@ def {name}({params}):
 """
 
 
-def _pend(trace, result, label: str, seq: int, args: tuple) -> None:
-    """An async collective: it completes in Work.wait (_traced_wait)."""
+def _pend(trace, g, value, result, label: str, seq: int, args: tuple) -> None:
+    """An async collective: it completes in Work.wait (trace_completion.traced_wait), or later (NCCL)."""
+    watch = completion.watched(g, value)
     if isinstance(result, list):  # batch_isend_irecv: one Work per transfer, or one for all
         count = len(args[0]) if args and args[0] is not None else 0
         for i, work in enumerate(result):
-            trace.async_pending[id(work)] = (work, label, seq, i if len(result) == count > 1 else -1)
+            trace.async_pending[id(work)] = (work, label, seq, i if len(result) == count > 1 else -1, watch)
+            completion.adopt_work(type(work))
     else:
-        trace.async_pending[id(result)] = (result, label, seq, -1)
+        trace.async_pending[id(result)] = (result, label, seq, -1, watch)
+        completion.adopt_work(type(result))
 
 
 # what new_group returns on a rank outside the group; c10d functions given it return at once
@@ -183,6 +193,7 @@ def _wrap(name: str, fn):
         "site_of": trace_sites.site_of, "getframe": sys._getframe, "E_LINE": E_LINE, "E_LINE_NO_FR": E_LINE_NO_FR,
         "mid_sync": f"\t{name}\t0\t".encode(), "mid_async": f"\t{name}\t1\t".encode(), "write": os.write,
         "c_line": core.C_LINE, "pend": _pend, "composite": name in COMPOSITE,
+        "incomplete": completion.incomplete, "returned_incomplete": completion.returned_incomplete,
     }
     exec(compile(source, __file__, "exec"), namespace)  # frames in this file: no call site, no stack line
     traced = namespace[name]
@@ -201,38 +212,25 @@ def _wrap(name: str, fn):
 _RESERVED = frozenset({"trace", "g", "async_op_", "value", "found", "key", "described", "extra", "data",
                        "plain", "seq", "label", "e_line", "c_start", "fr_seq", "now", "frame", "site", "line",
                        "pending",
-                       "result", "core", "local", "fn", "Tensor", "memo", "keyed", "describe_call", "p2p", "crc32",
+                       "result", "work", "incomplete", "returned_incomplete",
+                       "core", "local", "fn", "Tensor", "memo", "keyed", "describe_call", "p2p", "crc32",
                        "perf_counter_ns", "site_of", "getframe", "E_LINE", "E_LINE_NO_FR", "mid_sync", "mid_async",
                        "write", "c_line", "pend", "composite"})
 
 
 _installed = False
-_orig_wait = None
-
-
-def _traced_wait(self, *args, **kwargs):
-    trace = core.active
-    entry = trace.async_pending.pop(id(self), None) if trace is not None else None
-    assert _orig_wait is not None  # installed with this wrapper
-    if entry is None or trace is None:
-        return _orig_wait(self, *args, **kwargs)
-    _, label, seq, index = entry
-    trace.writer.waiting(label, seq, perf_counter() - trace.t0, index)
-    result = _orig_wait(self, *args, **kwargs)
-    trace.writer.completed(label, seq, perf_counter() - trace.t0, index)
-    return result
 
 
 def install() -> None:
     """Patch the collectives in ``torch.distributed`` and ``distributed_c10d`` (where internal calls
     such as all_gather_object -> all_gather resolve), ``Work.wait`` for async completion, and install
     the tracers of functional collectives, ProcessGroup objects and rendezvous."""
-    global _installed, _orig_wait
+    global _installed
     if _installed:
         return
     core.replace_c10d(CONTRIBUTED, _wrap)
-    _orig_wait = dist.Work.wait
-    setattr(dist.Work, "wait", _traced_wait)  # noqa: B010  (a method of torch's C++ class)
+    if not getattr(dist.Work.wait, "_pytest_nccl_traced", False):
+        setattr(dist.Work, "wait", completion.traced_wait(dist.Work.wait))  # noqa: B010  (torch's C++ class)
     from . import trace_functional, trace_groups, trace_rendezvous
     trace_functional.install()
     trace_groups.install()
@@ -246,7 +244,7 @@ def start(journal_path: str, raise_leaves: bool = False) -> None:
     adopted test of torch's suites catches the errors it provokes, as a monitored_barrier's timeout,
     and goes on); otherwise it stays entered, where the rank raised."""
     trace_sites.mark_boundary(sys._getframe(1).f_code)
-    core.start_flusher()
+    completion.start_flusher()
     core.active = core.CallTrace(journal_path)
     core.active.raise_leaves = raise_leaves
 
@@ -255,14 +253,15 @@ def stop() -> tuple[dict[str, tuple], int]:
     """End the call's trace; return per process group (count, crc of what every rank must agree on:
     op, shapes, dtype, reduce op, root), plus the split sizes of its all_to_alls where it ran any
     (``(seq, "sent/expected")`` each), which the controller compares across ranks without reading
-    the journals (``diagnose.digests_agree``); and how many async collectives are still in flight."""
+    the journals (``diagnose.digests_agree``); and how many collectives are still in flight (async
+    ones never waited for, and NCCL's whose work did not complete)."""
     trace = core.active
     if trace is None:
         return {}, 0
     core.active = None
     now = perf_counter() - trace.t0
     dangling = 0
-    for work, label, seq, index in trace.async_pending.values():
+    for work, label, seq, index, _ in [*trace.async_pending.values(), *trace.in_flight.values()]:
         try:
             if work.is_completed():
                 trace.writer.completed(label, seq, now, index)

@@ -21,7 +21,7 @@ from ..agreement import split_disagreement
 from ..groups import members_of
 from ..records import CollectiveRecord, RankView
 from ..sites import headline_site, rendezvous_at
-from ..states import Kind, RankState, Reason
+from ..states import Kind, RankState, Reason, RecordState
 from ..waits import stuck_ranks
 from .deadlock import deadlock_diagnosis
 from .divergence import PEER_GONE, first_divergence, gloo_disagreement
@@ -37,6 +37,7 @@ from .wording import (
     rank_list,
     seconds,
     state_of,
+    waiting_for,
     waiting_summary,
     where,
 )
@@ -106,8 +107,9 @@ def _hang(running: list[RankView], views: dict, at: list[CollectiveRecord], boun
     group (the peers of a transfer) are, and one that finished has left it (completed, or never in)."""
     names, rec = [v.rank for v in running], at[0]
     within = f"within {words.bound(bound)}"
+    inside = "waiting for" if rec.state == RecordState.IN_FLIGHT else "inside"  # NCCL: at a sync point
     if len(running) == len(views):
-        return Diagnosis(Kind.HANG, f"every rank is inside {where(rec)} and none completed {within} "
+        return Diagnosis(Kind.HANG, f"every rank is {inside} {where(rec)} and none completed {within} "
                          "(a transport or peer problem: all ranks entered it)", names, rec.pg, rec.seq)
     if rec.p2p:
         members = set(names) | {p.peer for r in at for p in (r.blocking_p2p() or r.p2p)}
@@ -116,8 +118,8 @@ def _hang(running: list[RankView], views: dict, at: list[CollectiveRecord], boun
     finished = {r: state_of(v, rec.pg, views, words=words) for r, v in views.items()
                 if r in members and r not in names}
     why = f": {grouped(finished, 2)}" if finished else ""
-    who = f"{rank_list(names)} is inside {where(rec)} and did not complete it" if len(names) == 1 else \
-        f"{rank_list(names)} are inside {where(rec)} and none completed it"
+    who = f"{rank_list(names)} is {inside} {where(rec)} and did not complete it" if len(names) == 1 else \
+        f"{rank_list(names)} are {inside} {where(rec)} and none completed it"
     return Diagnosis(Kind.HANG, f"{who} {within} (a transport or peer problem{why})", names, rec.pg, rec.seq)
 
 
@@ -231,10 +233,11 @@ def _absent(div: Divergence, views: dict, reason: Reason, bound: float, words: W
     verb = "wait" if len(waiting) > 1 else "waits"
     if reason == Reason.TIMEOUT and first.status in (RankState.RUNNING, RankState.UNSEEN):
         verb = f"waited {words.whole(bound)}"
-    headline = f"{rank_list(same)} {state}; {rank_list(waiting)} {verb} in {where(rec)}"
+    waits = waiting_for(rec, views.get(rec.rank))
+    headline = f"{rank_list(same)} {state}; {rank_list(waiting)} {verb} {waits}"
     if len(headline) >= HEADLINE_WIDTH - len("slow rank: "):  # too long: the function's name goes, not
         headline = (f"{rank_list(same)} {state_of(first, div.pg, views, NO_FUNCTION, words)}; "  # the line it waits in
-                    f"{rank_list(waiting)} {verb} in {where(rec)}")
+                    f"{rank_list(waiting)} {verb} {waits}")
     others = [v for v in absent if v.rank not in same]
     if len(others) == 1:
         headline += f"; also rank {others[0].rank} {state_of(others[0], div.pg, views, words=words)}"

@@ -11,7 +11,7 @@ from ..states import Kind, RankState
 from ..waits import P2PIndex
 from .divergence import pg_order
 from .findings import Diagnosis
-from .wording import HEADLINE_WIDTH, few, rank_list, where
+from .wording import HEADLINE_WIDTH, few, rank_list, waiting_for, where
 
 
 def deadlock_diagnosis(stuck: dict, views: dict) -> Diagnosis:
@@ -26,7 +26,7 @@ def _peer_state(view: RankView) -> str:
     if view.finished:
         return f"it {view.status}"
     cur = view.current
-    return f"it waits in {where(cur)}" if cur is not None and not cur.p2p else ""
+    return f"it waits {waiting_for(cur, view)}" if cur is not None and not cur.p2p else ""
 
 
 def _p2p_deadlock(stuck: dict, views: dict) -> Diagnosis:

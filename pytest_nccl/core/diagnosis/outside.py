@@ -89,7 +89,7 @@ def in_rendezvous(view: RankView) -> bool:
 FULL, NO_FUNCTION = 2, 1  # how much of a rank's place a headline quotes, longest first
 
 
-def _place(view: RankView, quote: int = FULL) -> str:
+def place(view: RankView, quote: int = FULL) -> str:
     """The innermost user frame of the rank's stack and that line's source, cut to SOURCE_WIDTH
     ('x.py:12 (in f): time.sleep(60)'; NO_FUNCTION: without the function's name); '' unknown."""
     top = stack_top(view.stack)
@@ -105,15 +105,15 @@ def _place(view: RankView, quote: int = FULL) -> str:
 
 def running_state(view: RankView, views: dict | None = None, quote: int = FULL) -> str:
     """Where a running rank outside any collective is: its wait, else its stack's innermost user
-    frame and that line's source (``_place``); '' when neither is known."""
+    frame and that line's source (``place``); '' when neither is known."""
     text = outside_text(view, views)
     if text:
         return text
-    place = _place(view, quote)
-    return f"is busy outside any collective at {place}" if place else ""
+    where = place(view, quote)
+    return f"is busy outside any collective at {where}" if where else ""
 
 
 def busy_at(view: RankView, views: dict | None = None) -> str:
     """The short form of the slow-rank and timeout headlines: 'at x.py:12 (in f): time.sleep(60)',
     or the rank's wait outside any collective."""
-    return outside_text(view, views) or "at " + (_place(view) or "unknown")
+    return outside_text(view, views) or "at " + (place(view) or "unknown")

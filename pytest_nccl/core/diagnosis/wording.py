@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from ..groups import GroupId, rank_ranges
 from ..records import CollectiveRecord, RankView
 from ..sites import headline_site, rendezvous_at
-from ..states import RankState, Source
-from .outside import FULL, elsewhere, running_state
+from ..states import RankState, RecordState, Source
+from .outside import FULL, NO_FUNCTION, elsewhere, place, running_state
 
 
 def seconds(value: float) -> str:
@@ -97,8 +97,23 @@ def where(rec: CollectiveRecord, transfer=None) -> str:
     if rec.p2p:
         group = GroupId.parse(rec.pg).collectives.label
         transfer = transfer or (rec.blocking_p2p() or rec.p2p)[0]
-        return f"{transfer.call(rec.op)}{'' if group == 'default' else ' in group ' + group}{origin}"
-    return f"{rec.op} #{rec.number} of group {rec.pg}{origin}"
+        return f"{transfer.call(rec.op)}{'' if group == 'default' else ' in group ' + group}{origin}{_flight(rec)}"
+    return f"{rec.op} #{rec.number} of group {rec.pg}{origin}{_flight(rec)}"
+
+
+def _flight(rec: CollectiveRecord) -> str:
+    return " (enqueued, not completed)" if rec.state == RecordState.IN_FLIGHT else ""
+
+
+def waiting_for(rec: CollectiveRecord, view: RankView | None = None) -> str:
+    """What a rank waits in, after 'waits': 'in all_reduce #3 of group default from x.py:5'; for a
+    collective whose call returned before its work completed (NCCL), the rank waits for it at its
+    sync point: 'for all_reduce #3 of group default from x.py:5 (enqueued, not completed) at x.py:7:
+    loss.item()' (the line from the rank's stack, when it was asked for)."""
+    if rec.state != RecordState.IN_FLIGHT:
+        return f"in {where(rec)}"
+    sync = place(view, NO_FUNCTION) if view is not None else ""
+    return f"for {where(rec)}" + (f" at {sync}" if sync else "")
 
 
 def state_of(view: RankView, pg: str, views: dict | None = None, quote: int = FULL, words: Words = TEST) -> str:
@@ -118,7 +133,7 @@ def state_of(view: RankView, pg: str, views: dict | None = None, quote: int = FU
         return f"left the test ({view.status}) {after}"
     cur = view.current
     if cur is not None and cur.pg != pg:
-        return f"waits in {where(cur)} instead, {after}"
+        return f"waits {waiting_for(cur, view)} instead, {after}"
     if view.status == RankState.NOT_STARTED:
         return f"{words.not_started}, {after}"
     rendezvous = rendezvous_at(view.stack) if view.outside_wait is None else ""  # else: the tracer saw it
@@ -132,6 +147,6 @@ def waiting_summary(views: list[RankView]) -> str:
     at: dict[str, list[int]] = {}
     for v in views:
         if v.status == RankState.RUNNING and v.current is not None:
-            at.setdefault(where(v.current), []).append(v.rank)
-    parts = [f"{rank_list(rs)} wait{'s' if len(rs) == 1 else ''} in {pos}" for pos, rs in list(at.items())[:2]]
+            at.setdefault(waiting_for(v.current, v), []).append(v.rank)
+    parts = [f"{rank_list(rs)} wait{'s' if len(rs) == 1 else ''} {pos}" for pos, rs in list(at.items())[:2]]
     return "".join("; " + p for p in parts + elsewhere(views))  # and the ranks outside any collective

@@ -1,0 +1,195 @@
+"""Rank side: when a traced collective is complete, on every backend.
+
+On gloo a collective's work is done when its call (or ``Work.wait``) returns. On NCCL it is not:
+the call enqueues a kernel on a CUDA stream and returns, ``Work.wait`` makes the current stream
+wait, and the CPU goes on until a sync point. So a collective is complete when its *work* is
+(``Work.is_completed``: a CUDA event's query on NCCL). A call that returned first is journaled in
+flight (a Q line); the flusher thread, which already writes deferred C lines every ``FLUSH_EVERY``,
+polls those works and writes each one's C line when it completes (docs/diagnosis.md, "Backends").
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from time import perf_counter, perf_counter_ns
+
+import torch
+import torch.distributed as dist
+
+from . import trace_core as core
+
+FLUSH_EVERY = 0.02  # seconds a completed collective's C line waits at most for the next write
+Q_LINE = "Q\t{}\t{}\t{}e-9{}\n"  # a Q line from the label, seq, time in ns and "\t<i>" (or "")
+_flusher_pid = None
+
+
+# Whether a group's calls may return before their work completed, by its backend (GroupTrace.early):
+UNKNOWN, ON_RETURN, ON_STREAM, BY_DEVICE = -1, 0, 1, 2
+_COMPLETE_ON_RETURN = frozenset({"gloo", "mpi", "fake"})  # their wait blocks the CPU until it is done
+
+
+def early_of(pg) -> int:
+    """ON_RETURN: the call's return is its completion (gloo: its wait blocks the CPU, and some of its
+    composed works never say they completed); ON_STREAM: the work says (NCCL, XCCL, a backend
+    written in Python, as the NCCL model); BY_DEVICE: gloo for CPU tensors, the other for the rest
+    ("cpu:gloo,cuda:nccl"). A group that cannot tell: ON_RETURN, as before this was learned."""
+    if pg is None:
+        return ON_RETURN
+    if not type(pg).__module__.startswith("torch"):
+        return ON_STREAM
+    try:
+        name = str(pg._get_backend_name()).lower()
+    except Exception:  # whatever an older build raises: the call's return, as always
+        return ON_RETURN
+    if name in _COMPLETE_ON_RETURN or name in ("", "undefined"):
+        return ON_RETURN
+    return BY_DEVICE if "gloo" in name else ON_STREAM
+
+
+def watched(g: core.GroupTrace, value) -> bool:
+    """Whether a call of group ``g`` on ``value`` may return before its work completed: its Work is
+    asked (``completed_work``) once the call or its wait returned."""
+    if g.early == UNKNOWN:
+        g.early = early_of(g.pg if g.pg is not None else core.default_group())
+    return g.early == ON_STREAM or (g.early == BY_DEVICE and not _on_cpu(value))
+
+
+def incomplete(g: core.GroupTrace, value, work) -> bool:
+    """A synchronous call of group ``g`` on ``value`` returned, its Work ``work``: whether the work is
+    still to complete (journaled in flight, then polled)."""
+    return watched(g, value) and not completed_work(work)
+
+
+def _on_cpu(value) -> bool:
+    first = value[0] if isinstance(value, (list, tuple)) and value else value
+    device = getattr(first, "device", None)
+    return device is None or device.type == "cpu"
+
+
+def completed_work(work) -> bool:
+    """Whether a collective's work completed (gloo: once the call returned; NCCL: once its kernel ran
+    on the stream). A Work that cannot say, of a backend that is gone: completed."""
+    try:
+        return bool(work.is_completed())
+    except Exception:  # whatever the backend raises: nothing to wait for here
+        return True
+
+
+def returned_incomplete(trace: core.CallTrace, work, label: str, seq: int, index: int = -1) -> None:
+    """The call (or its Work.wait) returned before its work completed: journal it in flight (Q); the
+    flusher writes its C line when the work completes."""
+    if not _poll_device:
+        _poll_device.append(_cuda_device())
+    suffix = "" if index < 0 else f"\t{index}"
+    trace.in_flight[id(work) if index < 0 else (id(work), index)] = (work, label, seq, index, True)
+    line = Q_LINE.format(label, seq, perf_counter_ns() - trace.t0_ns, suffix).encode()
+    with core._fd_lock:
+        os.write(trace.fd, core.take_pending(trace) + line)
+
+
+# The CUDA device the rank's collectives run on, learned when a work first returned incomplete, and
+# whether the flusher thread made it its own (once: that thread polls for the process's life).
+_poll_device: list = []
+_poll_device_set = False
+
+
+def _cuda_device():
+    """The main thread's CUDA device, for the flusher thread to query events on (a thread that
+    touches CUDA first on another device would create a context there); None without CUDA."""
+    try:
+        return torch.cuda.current_device() if torch.cuda.is_initialized() else None
+    except Exception:  # no CUDA in this build: nothing to set
+        return None
+
+
+def _poll_in_flight(trace: core.CallTrace) -> None:
+    """Write the C line of every collective in flight whose work completed since the last look."""
+    global _poll_device_set
+    if not _poll_device_set and _poll_device and _poll_device[0] is not None:
+        torch.cuda.set_device(_poll_device[0])
+        _poll_device_set = True
+    done = b""
+    for key, (work, label, seq, index, _) in list(trace.in_flight.items()):
+        if completed_work(work):
+            trace.in_flight.pop(key, None)
+            suffix = "" if index < 0 else f"\t{index}"
+            done += f"C\t{label}\t{seq}\t{perf_counter_ns() - trace.t0_ns}e-9{suffix}\n".encode()
+    if done:
+        with core._fd_lock:
+            os.write(trace.fd, core.take_pending(trace) + done)
+
+
+def traced_wait(real):
+    """``Work.wait`` traced: W when it starts, C when it returns with the work complete (gloo), Q when
+    it returned first (NCCL: the current stream waits, not the CPU; the flusher writes the C line)."""
+    def wait(self, *args, **kwargs):
+        trace = core.active
+        entry = trace.async_pending.pop(id(self), None) if trace is not None else None
+        if entry is None or trace is None:
+            return real(self, *args, **kwargs)
+        _, label, seq, index, watch = entry
+        trace.writer.waiting(label, seq, perf_counter() - trace.t0, index)
+        result = real(self, *args, **kwargs)
+        if not watch or completed_work(self):
+            trace.writer.completed(label, seq, perf_counter() - trace.t0, index)
+        else:
+            returned_incomplete(trace, self, label, seq, index)
+        return result
+    core.mark_traced(wait, real)
+    return wait
+
+
+_adopted_works: set = set()
+
+
+def adopt_work(cls) -> None:
+    """A Work class written in Python (a backend's own, as the NCCL model's) that defines ``wait``:
+    its wait is traced as torch's ``Work.wait`` is (once per class)."""
+    if cls in _adopted_works or cls is dist.Work:
+        return
+    _adopted_works.add(cls)
+    for klass in cls.__mro__:
+        if klass is dist.Work or klass is object:
+            break
+        real = vars(klass).get("wait")
+        if real is not None and not getattr(real, "_pytest_nccl_traced", False):
+            setattr(klass, "wait", traced_wait(real))  # noqa: B010
+
+
+def _flush_loop() -> None:
+    """A completed collective followed by a long computation is shown completed within FLUSH_EVERY,
+    and one that returned before its work completed, within FLUSH_EVERY of its work."""
+    while True:
+        time.sleep(FLUSH_EVERY)
+        _flush_active()
+
+
+def _flush_active() -> None:
+    # a function of its own: the trace is not held while the thread sleeps (``core.close`` says why)
+    trace = core.active
+    if trace is not None:
+        try:
+            core.flush(trace)
+            if trace.in_flight:
+                _poll_in_flight(trace)
+        except OSError:
+            pass
+
+
+def start_flusher() -> None:
+    """The flusher thread of this process (a forked rank has none of its parent's threads)."""
+    global _flusher_pid
+    if _flusher_pid != os.getpid():
+        _flusher_pid = os.getpid()
+        threading.Thread(target=_flush_loop, name="pytest-nccl-journal", daemon=True).start()
+
+
+def _forget_in_child() -> None:
+    global _poll_device_set
+    _poll_device.clear()  # a new process: its flusher thread has no device yet
+    _poll_device_set = False
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
