@@ -1,12 +1,13 @@
-"""Who waits for whom: point-to-point pairing (``P2PIndex``) and certain deadlocks (``stuck_ranks``),
-what the referee's deadlock rule and the diagnosis read off the records."""
+"""Who waits for whom: point-to-point pairing (``P2PIndex``), certain deadlocks (``stuck_ranks``) and
+a rank whose stream cannot reach a collective yet (``behind``, NCCL): what the referee's deadlock
+rule and the diagnosis read off the records."""
 
 from __future__ import annotations
 
 from .groups import GroupId, members_of
 from .ops import P2P_OPS
-from .records import P2P, CollectiveRecord
-from .states import RankState, Source
+from .records import P2P, CollectiveRecord, RankView
+from .states import RankState, RecordState, Source
 
 
 class P2PIndex:
@@ -43,6 +44,21 @@ class P2PIndex:
                    if key[0] == rec.pg and key[2] == rank and key[3:] == (p.tag, p.obj)) >= k
 
 
+def behind(view: RankView, rec: CollectiveRecord) -> bool:
+    """NCCL: ``view``'s rank issued collective ``rec`` (of another rank) too, but its stream cannot
+    start it: a synchronous collective it issued before is in flight, the current stream waits for
+    that one, and every collective issued after it waits for the current stream."""
+    cur = view.current
+    if view.status != RankState.RUNNING or cur is None or cur.state != RecordState.IN_FLIGHT or cur.async_op:
+        return False
+    theirs = view.records_in(rec.pg)
+    mine = theirs[rec.seq - 1] if len(theirs) >= rec.seq else None
+    if mine is None or mine is cur or not mine.pending:
+        return False
+    order = {id(r): i for i, r in enumerate(view.records)}
+    return order[id(cur)] < order[id(mine)]
+
+
 def stuck_ranks(views: dict) -> dict:
     """Running ranks that can never go on: rank -> (the record it waits in, what it needs: lists of
     ranks, any one of which would do). A rank waits for the members missing from its collective, or
@@ -64,7 +80,7 @@ def stuck_ranks(views: dict) -> dict:
             continue  # a transfer without its peers (a v1 journal): nothing certain
         else:
             needs = [[m] for m in members_of(cur.pg, world)
-                     if m in views and len(views[m].records_in(cur.pg)) < cur.seq]
+                     if m in views and (len(views[m].records_in(cur.pg)) < cur.seq or behind(views[m], cur))]
         if needs:
             waits[r] = (cur, needs)
     finished = {r for r, v in views.items() if v.finished}

@@ -8,7 +8,7 @@ from ..groups import GroupId, members_of
 from ..ops import P2P_OPS
 from ..records import CollectiveRecord, RankView
 from ..states import Kind, RankState
-from ..waits import P2PIndex
+from ..waits import P2PIndex, behind
 from .divergence import pg_order
 from .findings import Diagnosis
 from .wording import HEADLINE_WIDTH, few, rank_list, waiting_for, where
@@ -109,10 +109,21 @@ def _cross_group(stuck: dict, views: dict) -> Diagnosis:
             headline = f"{rank_list(who)} skipped {where(q)} and {verb} in {p.op} #{p.number} of group {p.pg}{rest}"
         return Diagnosis(Kind.DEADLOCK, headline, who, q.pg, q.seq)
     parts: list[str] = []
+    reordered = False
     for _, present in sorted(positions.items(), key=lambda kv: min(kv[1])):
         cur, needs = stuck[present[0]]
         verb = "waits" if not parts and len(present) == 1 else "wait" if not parts else ""
-        parts.append(f"{rank_list(present)}{' ' + verb if verb else ''} in {where(cur)} without "
-                     f"{rank_list({m for n in needs for m in n})}")
+        missing = sorted({m for n in needs for m in n})
+        late = [m for m in missing if behind(views[m], cur)]
+        if late:  # NCCL: they issued it, behind a collective of another group that waits for this one
+            reordered = True
+            first = views[late[0]].current
+            parts.append(f"{rank_list(present)}{' ' + verb if verb else ''} for {where(cur)}, "
+                         f"which {rank_list(late)} issued after {first.op} #{first.number} of group {first.pg}")
+        else:
+            parts.append(f"{rank_list(present)}{' ' + verb if verb else ''} in {where(cur)} without "
+                         f"{rank_list(missing)}")
     more = f"; and {len(parts) - 2} more groups" if len(parts) > 2 else ""
-    return Diagnosis(Kind.DEADLOCK, "deadlock across groups: " + ", ".join(parts[:2]) + more, sorted(stuck))
+    title = "deadlock across groups, issued in an order that differs per rank: " if reordered else \
+        "deadlock across groups: "
+    return Diagnosis(Kind.DEADLOCK, title + ", ".join(parts[:2]) + more, sorted(stuck))

@@ -1,0 +1,268 @@
+"""NCCL's asynchrony (issue 38): a collective is complete when its work is, and a hang on NCCL is
+named as precisely as one on gloo. Proven on ``pytest_nccl.testing.nccl_model`` (NCCL's host
+semantics on CPU: collectives return enqueued, complete on a stream, ranks block at a sync point),
+at world 2 and 4, in one inner session; the tracer's in-flight state in a fresh interpreter."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import xml.etree.ElementTree as ET
+
+import pytest
+from conftest import line_of, run_inner_once
+
+SCENARIOS = """
+import pytest, torch
+import torch.distributed as dist
+from pytest_nccl.testing import nccl_model
+
+nccl_model.register()
+
+
+def model_group(desc="model"):
+    return dist.new_group(backend=nccl_model.NAME, group_desc=desc)
+
+
+def skip(rank):
+    pg = model_group()
+    t = torch.ones(4)
+    dist.all_reduce(t, group=pg)
+    if rank != 0:
+        dist.all_reduce(t, group=pg)  # rank 0 skips it
+    nccl_model.item(t[0])  # the sync point
+
+
+def shape(rank):
+    pg = model_group()
+    t = torch.ones(4 if rank == 0 else 2)
+    dist.all_reduce(t, group=pg)  # per-rank shapes
+    nccl_model.item(t[0])
+
+
+def ahead(rank):
+    pg = model_group()
+    t = torch.ones(4)
+    for _ in range(3 if rank == 0 else 1):
+        dist.all_reduce(t, group=pg)  # rank 0: two more, in flight
+    dist.barrier(group=pg)
+
+
+def order(rank):
+    weights, grads = model_group("weights"), model_group("grads")
+    t = torch.ones(4)
+    first, second = (weights, grads) if rank == 0 else (grads, weights)
+    dist.all_reduce(t, group=first)  # each rank's first group
+    dist.all_reduce(t, group=second)
+    nccl_model.item(t[0])
+
+
+def overlapped(rank):
+    pg = model_group()
+    nccl_model.sleep(0.2)  # a long kernel first: everything below is enqueued behind it
+    buckets = [torch.full((8,), float(rank + i)) for i in range(4)]
+    works = [dist.all_reduce(b, group=pg, async_op=True) for b in buckets]
+    loss = torch.ones(1)
+    dist.all_reduce(loss, group=pg)
+    gathered = torch.zeros(2 * dist.get_world_size())
+    dist.all_gather_into_tensor(gathered, torch.full((2,), float(rank)), group=pg)
+    for w in works:
+        w.wait()
+    assert nccl_model.item(loss[0]) == dist.get_world_size()
+    n = dist.get_world_size()
+    assert [nccl_model.item(b[0]) for b in buckets] == [float(sum(r + i for r in range(n))) for i in range(4)]
+    assert gathered.tolist() == [float(r) for r in range(n) for _ in range(2)]
+
+
+@pytest.mark.nccl(world=2)
+def test_00_warm_2(rank):
+    model_group()
+
+
+@pytest.mark.nccl(world=4)
+def test_00_warm_4(rank):
+    model_group()
+
+
+@pytest.mark.nccl(world=2)
+def test_skip_2(rank):
+    skip(rank)
+
+
+@pytest.mark.nccl(world=4)
+def test_skip_4(rank):
+    skip(rank)
+
+
+@pytest.mark.nccl(world=2)
+def test_shape_2(rank):
+    shape(rank)
+
+
+@pytest.mark.nccl(world=4)
+def test_shape_4(rank):
+    shape(rank)
+
+
+@pytest.mark.nccl(world=2)
+def test_ahead_2(rank):
+    ahead(rank)
+
+
+@pytest.mark.nccl(world=4)
+def test_ahead_4(rank):
+    ahead(rank)
+
+
+@pytest.mark.nccl(world=2)
+def test_order_2(rank):
+    order(rank)
+
+
+@pytest.mark.nccl(world=4)
+def test_order_4(rank):
+    order(rank)
+
+
+@pytest.mark.nccl(world=2)
+def test_overlapped_2(rank):
+    overlapped(rank)
+
+
+@pytest.mark.nccl(world=4)
+def test_overlapped_4(rank):
+    overlapped(rank)
+"""
+
+
+def _at(snippet: str) -> str:
+    return f"test_inner.py:{line_of(SCENARIOS, snippet)}"
+
+
+def _skip(world: int) -> str:
+    waiting = "rank 1 waits" if world == 2 else "ranks 1-3 wait"
+    group = f"model[0-{world - 1}]" if world > 2 else "model[0,1]"
+    return (f"rank 0 left the test (passed) after 1 collective in group {group}; {waiting} for all_reduce #2 of "
+            f"group {group} from {_at('rank 0 skips it')} (enqueued, not completed) at {_at('the sync point')}: "
+            "nccl_model.item(t[0])")
+
+
+def _order(world: int) -> str:
+    members = "0,1" if world == 2 else "0-3"
+    others = "rank 1" if world == 2 else "ranks 1-3"
+    line = _at("each rank's first group")
+    return ("deadlock across groups, issued in an order that differs per rank: rank 0 waits for all_reduce #1 of "
+            f"group weights[{members}] from {line} (enqueued, not completed), which {others} issued after "
+            f"all_reduce #1 of group grads[{members}], {others} for all_reduce #1 of group grads[{members}] from "
+            f"{line} (enqueued, not completed), which rank 0 issued after all_reduce #1 of group weights[{members}]")
+
+
+def _group(world: int) -> str:
+    return "model[0,1]" if world == 2 else "model[0-3]"
+
+
+EXPECTED = {
+    **{f"test_skip_{w}": _skip(w) for w in (2, 4)},
+    **{f"test_shape_{w}": (f"shape mismatch in all_reduce #1 of group {_group(w)}: rank 0 [4], "
+                           f"{'rank 1' if w == 2 else 'ranks 1-3'} [2] (from {_at('per-rank shapes')})") for w in (2, 4)},
+    **{f"test_ahead_{w}": (f"op mismatch at collective #2 of group {_group(w)}: rank 0 all_reduce, "
+                           f"{'rank 1' if w == 2 else 'ranks 1-3'} barrier (from {_at('two more, in flight')}; "
+                           f"{'rank 1' if w == 2 else 'ranks 1-3'} from {_at('dist.barrier(group=pg)')})")
+       for w in (2, 4)},
+    **{f"test_order_{w}": _order(w) for w in (2, 4)},
+}
+# every one blocks at once: decided about 1-1.5 s after (a stall check, or the deadlock rule's quiet);
+# the bound is 60 s, so 8 s leaves a loaded 2-core runner its margin
+FAST = 8.0
+
+
+@pytest.fixture(scope="module")
+def scenarios(tmp_path_factory):
+    junit_path = tmp_path_factory.mktemp("junit") / "junit.xml"
+    inner = run_inner_once(tmp_path_factory, SCENARIOS, "--nccl-timeout=60", f"--junitxml={junit_path}",
+                           "--durations=0", "--durations-min=0", name="test_inner")
+    junit = ET.parse(junit_path).getroot()
+    props = {(case.get("name"), p.get("name")): p.get("value")
+             for case in junit.iter("testcase") for p in case.iter("property")}
+    durations = {m.group(2): float(m.group(1)) for line in inner.result.stdout.lines
+                 for m in [re.match(r"\s*([\d.]+)s call\s+test_inner.py::(\w+)", line)] if m}
+    return inner, props, durations
+
+
+def test_the_session_fails_each_fault_and_passes_healthy_overlap(scenarios):
+    inner, _, _ = scenarios
+    # the warm-ups and the overlapped jobs (several collectives in flight, waited late) pass untouched
+    assert inner.result.parseoutcomes() == {"passed": 4, "failed": len(EXPECTED)}, inner.text
+
+
+@pytest.mark.parametrize("scenario", sorted(EXPECTED))
+def test_nccl_shaped_fault_headline_and_time(scenarios, scenario):
+    inner, props, durations = scenarios
+    assert props.get((scenario, "nccl_diagnosis")) == EXPECTED[scenario], inner.section(scenario)
+    assert props.get((scenario, "nccl_exception")) == "CollectiveMismatch"
+    assert durations[scenario] < FAST, (scenario, durations[scenario])
+
+
+def _run(code: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_NCCL_WATCH_DIR"}
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=180, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_a_collective_behind_a_long_kernel_is_in_flight_until_its_work_completes(tmp_path):
+    """The model's form of the GPU host's check (tests/gpu): an all_reduce enqueued behind a long
+    kernel returns at once and is journaled in flight, not completed, while the stream is held; its
+    C line follows once the work ran, without the rank writing anything more."""
+    out = _run(f"""
+        import time, torch, torch.distributed as dist
+        from pytest_nccl.rank import tracer
+        from pytest_nccl.core.journal import read_journal
+        from pytest_nccl.core.states import RecordState
+        from pytest_nccl.testing import nccl_model
+        tracer.install()
+        nccl_model.register()
+        dist.init_process_group(nccl_model.NAME, store=dist.HashStore(), rank=0, world_size=1)
+        path = {str(tmp_path / "journal")!r}
+        tracer.start(path)
+        t = torch.ones(4)
+        nccl_model.sleep(1.0)
+        t0 = time.monotonic()
+        dist.all_reduce(t)
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        returned = time.monotonic() - t0
+        time.sleep(0.3)  # several flusher rounds: the stream is still held
+        held = [r.state for r in read_journal(path, 0)]
+        nccl_model.synchronize()
+        time.sleep(0.3)
+        done = [r.state for r in read_journal(path, 0)]
+        digests, dangling = tracer.stop()
+        print(returned < 0.5, held == [RecordState.IN_FLIGHT] * 2, done == [RecordState.COMPLETED] * 2, dangling)
+    """)
+    assert out.split() == ["True", "True", "True", "0"], out
+
+
+def test_gloo_collectives_stay_complete_when_they_return(tmp_path):
+    """gloo's wait blocks the CPU: its calls complete on return, even the composed works that never
+    say so (reduce_scatter_single's ``is_completed()`` stays False after its wait)."""
+    out = _run(f"""
+        import torch, torch.distributed as dist
+        from pytest_nccl.rank import tracer
+        from pytest_nccl.core.journal import read_journal
+        tracer.install()
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        path = {str(tmp_path / "journal")!r}
+        tracer.start(path)
+        out = torch.zeros(2)
+        dist.reduce_scatter_tensor(out, torch.ones(2))
+        dist.reduce_scatter_tensor(out, torch.ones(2), async_op=True).wait()
+        dist.all_reduce(out)
+        _, dangling = tracer.stop()
+        print(sorted({{str(r.state) for r in read_journal(path, 0)}}), dangling)
+    """)
+    assert out.split() == ["['completed']", "0"], out
