@@ -13,7 +13,12 @@ import textwrap
 import xml.etree.ElementTree as ET
 
 import pytest
+from collective_records import record, view
 from conftest import line_of, run_inner_once
+
+from pytest_nccl.core.journal import parse_journal
+from pytest_nccl.core.states import RecordState
+from pytest_nccl.core.waits import behind, stuck_ranks
 
 SCENARIOS = """
 import pytest, torch
@@ -167,7 +172,8 @@ def _group(world: int) -> str:
 EXPECTED = {
     **{f"test_skip_{w}": _skip(w) for w in (2, 4)},
     **{f"test_shape_{w}": (f"shape mismatch in all_reduce #1 of group {_group(w)}: rank 0 [4], "
-                           f"{'rank 1' if w == 2 else 'ranks 1-3'} [2] (from {_at('per-rank shapes')})") for w in (2, 4)},
+                           f"{'rank 1' if w == 2 else 'ranks 1-3'} [2] (from {_at('per-rank shapes')})")
+       for w in (2, 4)},
     **{f"test_ahead_{w}": (f"op mismatch at collective #2 of group {_group(w)}: rank 0 all_reduce, "
                            f"{'rank 1' if w == 2 else 'ranks 1-3'} barrier (from {_at('two more, in flight')}; "
                            f"{'rank 1' if w == 2 else 'ranks 1-3'} from {_at('dist.barrier(group=pg)')})")
@@ -222,8 +228,7 @@ def test_a_collective_behind_a_long_kernel_is_in_flight_until_its_work_completes
         import time, torch, torch.distributed as dist
         from pytest_nccl.rank import tracer
         from pytest_nccl.core.journal import read_journal
-        from pytest_nccl.core.states import RecordState
-        from pytest_nccl.testing import nccl_model
+            from pytest_nccl.testing import nccl_model
         tracer.install()
         nccl_model.register()
         dist.init_process_group(nccl_model.NAME, store=dist.HashStore(), rank=0, world_size=1)
@@ -266,3 +271,38 @@ def test_gloo_collectives_stay_complete_when_they_return(tmp_path):
         print(sorted({{str(r.state) for r in read_journal(path, 0)}}), dangling)
     """)
     assert out.split() == ["['completed']", "0"], out
+
+
+# -- the records, on data ---------------------------------------------------------------------------
+
+def test_a_q_line_puts_a_collective_in_flight_until_its_c_line():
+    entered = "E\tdefault\t1\tall_reduce\t0\t0.1\t[4]\tfloat32\t1\tt.py:3\t\n"
+    assert parse_journal(entered + "Q\tdefault\t1\t0.2\n", 0)[0].state == RecordState.IN_FLIGHT
+    done = parse_journal(entered + "Q\tdefault\t1\t0.2\nC\tdefault\t1\t0.5\n", 0)[0]
+    assert done.state == RecordState.COMPLETED and done.duration == pytest.approx(0.4)
+    # lines are matched by (pg, seq), not order: a late Q never takes a completion back
+    assert parse_journal(entered + "C\tdefault\t1\t0.5\nQ\tdefault\t1\t0.2\n", 0)[0].state == RecordState.COMPLETED
+
+
+def test_a_rank_waits_for_its_first_collective_in_flight_unless_it_sits_in_a_call():
+    first, second = record(0, 1, state=RecordState.IN_FLIGHT), record(0, 2, state=RecordState.IN_FLIGHT)
+    assert view(0, "running", [record(0, 0), first, second]).current is first  # NCCL runs them in order
+    inside = record(0, 3, state=RecordState.ENTERED)  # a blocking call after them: the CPU is in it
+    assert view(0, "running", [first, second, inside]).current is inside
+    assert view(0, "running", [record(0, 1)]).current is None
+
+
+def test_a_member_that_issued_it_behind_a_synchronous_collective_in_flight_cannot_reach_it():
+    flight = RecordState.IN_FLIGHT
+    w0, g0 = record(0, 1, pg="weights[0,1]", state=flight), record(0, 1, pg="grads[0,1]", state=flight)
+    g1, w1 = record(1, 1, pg="grads[0,1]", state=flight), record(1, 1, pg="weights[0,1]", state=flight)
+    views = {0: view(0, "running", [w0, g0]), 1: view(1, "running", [g1, w1])}
+    assert behind(views[1], w0) and behind(views[0], g1)
+    assert sorted(stuck_ranks(views)) == [0, 1]
+    # the same order on both ranks: each waits for its first, which every member reaches
+    same = {0: view(0, "running", [w0, g0]), 1: view(1, "running", [w1, g1])}
+    assert not behind(same[1], w0) and stuck_ranks(same) == {}
+    # an async one: its wait (which made the current stream wait) may have come after the next was
+    # issued; not certain, so not counted
+    loose = record(1, 1, pg="grads[0,1]", state=flight, async_op=True)
+    assert not behind(view(1, "running", [loose, w1]), w0)

@@ -1,0 +1,21 @@
+"""``pytest-nccl watch`` over a job on the NCCL model (issue 38): a collective that returned and never
+completed is what the rank waits for at its sync point, in the watch's verdict as in a test's."""
+
+from __future__ import annotations
+
+from watch_support import JOBS, line_in, run_watch, torchrun, untouched, verdict_ok
+
+JOB = JOBS / "nccl_model_job.py"
+
+
+def test_a_healthy_job_with_collectives_in_flight_passes_untouched(tmp_path):
+    untouched(run_watch(tmp_path, torchrun(str(JOB), "good"), "--timeout", "20"))
+
+
+def test_an_uneven_last_step_names_the_collective_the_rank_waits_for_at_its_sync_point(tmp_path):
+    run = run_watch(tmp_path, torchrun(str(JOB), "uneven"), "--timeout", "20")
+    verdict_ok(run, 20)
+    # rank 1's 11 steps of 4 collectives; rank 0's 12th step's first bucket, waited, never completes
+    assert (f"rank 1 exited normally after 44 collectives in group default; rank 0 waits for all_reduce #45 of "
+            f"group default from {JOB}:{line_in(JOB, 'gradient buckets')} (enqueued, not completed) at "
+            f"{JOB}:{line_in(JOB, '# the sync point')}: print(") in run.stderr, run.text
