@@ -17,6 +17,7 @@ from collective_records import record, view
 from conftest import line_of, run_inner_once
 
 from pytest_nccl.core.journal import parse_journal
+from pytest_nccl.core.nccl_env import RANK_ENV, nccl_env
 from pytest_nccl.core.states import RecordState
 from pytest_nccl.core.waits import behind, stuck_ranks
 
@@ -90,6 +91,13 @@ def test_00_warm_2(rank):
 @pytest.mark.nccl(world=4)
 def test_00_warm_4(rank):
     model_group()
+
+
+@pytest.mark.nccl(world=2)
+def test_settings_2(rank):
+    import os
+    assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3" and os.environ["TORCH_FR_BUFFER_SIZE"]
+    assert "TORCH_NCCL_BLOCKING_WAIT" not in os.environ  # the asynchrony under test stays
 
 
 @pytest.mark.nccl(world=2)
@@ -201,7 +209,7 @@ def scenarios(tmp_path_factory):
 def test_the_session_fails_each_fault_and_passes_healthy_overlap(scenarios):
     inner, _, _ = scenarios
     # the warm-ups and the overlapped jobs (several collectives in flight, waited late) pass untouched
-    assert inner.result.parseoutcomes() == {"passed": 4, "failed": len(EXPECTED)}, inner.text
+    assert inner.result.parseoutcomes() == {"passed": 5, "failed": len(EXPECTED)}, inner.text
 
 
 @pytest.mark.parametrize("scenario", sorted(EXPECTED))
@@ -228,7 +236,8 @@ def test_a_collective_behind_a_long_kernel_is_in_flight_until_its_work_completes
         import time, torch, torch.distributed as dist
         from pytest_nccl.rank import tracer
         from pytest_nccl.core.journal import read_journal
-            from pytest_nccl.testing import nccl_model
+        from pytest_nccl.core.states import RecordState
+        from pytest_nccl.testing import nccl_model
         tracer.install()
         nccl_model.register()
         dist.init_process_group(nccl_model.NAME, store=dist.HashStore(), rank=0, world_size=1)
@@ -306,3 +315,33 @@ def test_a_member_that_issued_it_behind_a_synchronous_collective_in_flight_canno
     # issued; not certain, so not counted
     loose = record(1, 1, pg="grads[0,1]", state=flight, async_op=True)
     assert not behind(view(1, "running", [loose, w1]), w0)
+
+
+def test_the_ranks_nccl_settings_keep_the_users_own():
+    assert nccl_env({}) == RANK_ENV
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in nccl_env({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"})
+
+
+def test_the_models_watchdog_takes_a_rank_down_as_nccls_does(tmp_path):
+    """A collective incomplete past the group's timeout: NCCL's watchdog message, then SIGABRT."""
+    code = textwrap.dedent(f"""
+        import sys, time, datetime, torch, torch.distributed as dist
+        from pytest_nccl.testing import nccl_model
+        nccl_model.register()
+        rank = int(sys.argv[1])
+        store = dist.FileStore({str(tmp_path / "store")!r}, 2)
+        dist.init_process_group(nccl_model.NAME, store=store, rank=rank, world_size=2,
+                                timeout=datetime.timedelta(seconds=1))
+        if rank == 0:
+            dist.all_reduce(torch.ones(2))  # rank 1 never joins it
+        time.sleep(30)
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(r)], stderr=subprocess.PIPE, text=True)
+             for r in (0, 1)]
+    try:
+        _, err = procs[0].communicate(timeout=60)
+    finally:
+        procs[1].kill()
+        procs[1].wait()
+    assert procs[0].returncode == -6, err  # SIGABRT
+    assert "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE" in err, err

@@ -10,6 +10,7 @@ import time
 from typing import Callable
 
 from ..core.messages import RankStart
+from ..core.nccl_env import nccl_env
 from ..errors import RankSetupError
 from .gpus import GpuLeaser, Lease
 from .group import RankGroup
@@ -50,7 +51,7 @@ class GroupPool:
                    # driver: the fork server stays fork-safe
                    "PYTORCH_NVML_BASED_CUDA_CHECK": os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK", "1")}
             if self.trace:
-                env.setdefault("TORCH_FR_BUFFER_SIZE", os.environ.get("TORCH_FR_BUFFER_SIZE", "2000"))
+                env.update(nccl_env(os.environ))
             if self.group is not None:
                 self.group.kill()
                 self.group = None

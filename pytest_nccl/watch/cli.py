@@ -28,6 +28,7 @@ import tempfile
 import time
 
 from ..core.diagnosis.wording import rank_list
+from ..core.nccl_env import nccl_env
 from ..core.reports import CallOutcome
 from ..core.states import Reason
 from . import control, jobdir, present, stragglers
@@ -64,7 +65,7 @@ def job_env(directory: str) -> dict:
     env[jobdir.ENV_PKG] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env[jobdir.ENV_WATCHER] = str(os.getpid())
     env[jobdir.ENV_WATCHER_HOST] = socket.gethostname()
-    env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")  # C++-issued collectives (DDP) become visible
+    env.update(nccl_env(env))  # the Flight Recorder, NCCL's watchdog (core/nccl_env.py)
     return env
 
 
