@@ -39,7 +39,7 @@ phase() {
   say "nccl: $("$PY" -c 'import torch; print(torch.cuda.nccl.version())' 2>&1 | tail -1)"
 } 
 
-phase "tests/gpu" 170 "$RESULTS/gpu.log" tests/gpu -rfE --durations=8
+phase "tests/gpu" 170 "$RESULTS/gpu.log" tests/gpu -rfEP --durations=8  # -rP: what the NCCL checks measured
 
 # The rest together: xdist workers, the suites and the serial tests share the host's cores.
 phase "project tests -n $XDIST" 260 "$RESULTS/tests_xdist.log" tests -n "$XDIST" --ignore=tests/gpu -rfE --durations=15 &
