@@ -92,6 +92,17 @@ PATTERNS = {
                   "rank 2 skipped all_reduce #1 of group tp[2,3] from /w/test_x.py:51 and waits in barrier #1 of "
                   "group default from /w/test_x.py:52; ranks 0,1 issued it first, rank 3 waits in it",
                   "CollectiveMismatch"),
+    # a receive from any source: where the ranks that could send are (issue 40)
+    "any-source-recv": ([view(0, "running", [p2p(0, 1, "recv", P2P(False, None, 0), line=7)])]
+                        + [view(r, "running", [rec(r, 1, "barrier", "", "entered", line=8)]) for r in (1, 2)],
+                        "p2p deadlock: rank 0 waits in recv(src=*, tag=0) from /w/test_x.py:7, which no rank "
+                        "sends (ranks 1,2 wait in barrier #1 of group default from /w/test_x.py:8)",
+                        "CollectiveMismatch"),
+    # NCCL: rank 0 skipped the second all_reduce; rank 1's returned and never completed (issue 38)
+    "nccl-in-flight": ([view(0, "passed", [rec(0, 1)]), view(1, "running", [rec(1, 1), rec(1, 2, state="in-flight")])],
+                       "rank 0 left the test (passed) after 1 collective in group default; rank 1 waits for "
+                       "all_reduce #2 of group default from /w/test_x.py:5 (enqueued, not completed)",
+                       "CollectiveMismatch"),
 }
 
 

@@ -29,6 +29,23 @@ def _peer_state(view: RankView) -> str:
     return f"it waits {waiting_for(cur, view)}" if cur is not None and not cur.p2p else ""
 
 
+def _senders_state(views: dict, r: int, cur: CollectiveRecord) -> str:
+    """For a receive from any source: where the ranks that could send are, those in one place
+    together, the first place only ('ranks 1,2 wait in barrier #1 of group default from x.py:8')."""
+    at: dict[str, list[int]] = {}
+    for m in GroupId.parse(cur.pg).members_in(len(views)):
+        if m != r and m in views:
+            text = _peer_state(views[m]).removeprefix("it ")
+            if text:
+                at.setdefault(text, []).append(m)
+    if not at:
+        return ""
+    text, ranks = next(iter(at.items()))
+    if len(ranks) > 1:
+        text = text.replace("waits ", "wait ", 1).replace("was ", "were ", 1)
+    return f"{rank_list(ranks)} {text}"
+
+
 def _p2p_deadlock(stuck: dict, views: dict) -> Diagnosis:
     """Transfers that can never pair: name both sides, with peers and tags."""
     index = P2PIndex(views)
@@ -49,7 +66,8 @@ def _p2p_deadlock(stuck: dict, views: dict) -> Diagnosis:
 
     def clause(r, cur, p):
         peer = None if p.peer is None else views[p.peer]
-        context = _peer_state(peer) if peer is not None and (peer.rank not in stuck or not peer.current.p2p) else ""
+        context = _peer_state(peer) if peer is not None and (peer.rank not in stuck or not peer.current.p2p) else \
+            _senders_state(views, r, cur) if p.peer is None and not p.send else ""
         return (f"rank {r} waits in {where(cur, p)}, which {'no rank' if peer is None else f'rank {p.peer} never'} "
                 f"{'receives' if p.send else 'sends'}{f' ({context})' if context else ''}")
     parts = [clause(*u) for u in shown[:2]]
