@@ -4,6 +4,7 @@ import json
 
 from pytest_nccl.core.flight import group_name_of, merge, records_from_dump
 from pytest_nccl.core.records import CollectiveRecord
+from pytest_nccl.core.states import RecordState
 
 
 def entry(seq, op="all_reduce", pg="0", sizes=((20,),), created=2_000, retired=True, p2p=False):
@@ -56,3 +57,21 @@ def test_numbering_stays_aligned_when_one_ring_buffer_dropped_entries():
     merged = merge({0: [], 1: []}, dumps)
     assert [r.seq for r in merged[0]] == [1, 2, 3, 4, 5, 6]
     assert [r.seq for r in merged[1]] == [4, 5, 6]
+
+
+def test_an_nccl_entry_whose_work_did_not_complete_puts_the_covered_record_in_flight():
+    """NCCL's wait_tensor returns before the work completed: the journal says completed, the Flight
+    Recorder's entry does not; merged, the record is in flight. gloo's entries never do that."""
+    def python():
+        return [CollectiveRecord(0, "default", 1, "all_reduce", "[4]", "float32", fr_seq=11, t_start=0.1,
+                                 state=RecordState.COMPLETED)]
+
+    def dump(backend, state, retired=False):
+        e = dict(entry(11, retired=retired), profiling_name=f"{backend}:all_reduce", state=state)
+        return records_from_dump(json.dumps({"entries": [e]}), rank=0, since_ns=1_000)
+
+    assert merge({0: python()}, {0: dump("nccl", "scheduled")})[0][0].state == "in-flight"
+    assert merge({0: python()}, {0: dump("nccl", "started")})[0][0].state == "in-flight"
+    assert merge({0: python()}, {0: dump("nccl", "completed")})[0][0].state == "completed"
+    assert merge({0: python()}, {0: dump("nccl", "scheduled", retired=True)})[0][0].state == "completed"
+    assert merge({0: python()}, {0: dump("gloo", "scheduled")})[0][0].state == "completed"

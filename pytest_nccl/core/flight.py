@@ -17,6 +17,10 @@ from .groups import DEFAULT, GroupId
 from .records import CollectiveRecord
 from .states import RecordState, Source
 
+# Backends whose calls return before their work completed (docs/diagnosis.md, "Backends"): their
+# entries' state says whether the work of a collective the journal saw return is complete.
+STREAM_BACKENDS = frozenset({"nccl", "xccl"})
+
 DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
           "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8",
           "Bool": "bool"}
@@ -44,8 +48,9 @@ def group_name_of(label: str, group: str = "") -> str:
 
 
 def records_from_dump(text: str | None, rank: int, since_ns: int = 0) -> list[CollectiveRecord]:
-    """Non-p2p entries created at or after ``since_ns`` (the call's start, wall clock); none without a
-    readable dump (``text`` None: the rank sent none)."""
+    """Non-p2p entries of named groups created at or after ``since_ns`` (the call's start, wall
+    clock); none without a readable dump (``text`` None: the rank sent none). An entry of a stream
+    backend (NCCL) says in ``detail["work"]`` whether its work completed."""
     if text is None:
         return []
     try:
@@ -61,7 +66,9 @@ def records_from_dump(text: str | None, rank: int, since_ns: int = 0) -> list[Co
         name = str((entry.get("process_group") or ["?"])[0])
         if not name:  # a backend built over a store of its own, never named by c10d: a side group the
             continue  # tracer journals in Python, or a backend's own internals (the NCCL model's gloo)
-        op = str(entry.get("profiling_name", "?")).split(":", 1)[-1]
+        backend, _, op = str(entry.get("profiling_name", "?")).rpartition(":")
+        done = bool(entry.get("retired")) or entry.get("state") == "completed"
+        detail = {"work": "done" if done else "pending"} if backend in STREAM_BACKENDS else {}
         dtypes = entry.get("input_dtypes") or []
         out.append(CollectiveRecord(
             rank=rank, pg="default" if name == "0" else f"pg{name}", seq=0, op=op,
@@ -69,7 +76,7 @@ def records_from_dump(text: str | None, rank: int, since_ns: int = 0) -> list[Co
             dtype=DTYPES.get(dtypes[0], str(dtypes[0]).lower()) if dtypes else "",
             async_op=True, state=RecordState.COMPLETED if entry.get("retired") else RecordState.ENTERED,
             t_start=(created - since_ns) / 1e9 if since_ns else 0.0, source=Source.FLIGHT_RECORDER,
-            fr_seq=int(entry.get("collective_seq_id") or 0)))
+            fr_seq=int(entry.get("collective_seq_id") or 0), detail=detail))
     return out
 
 
@@ -84,7 +91,8 @@ def with_flight_recorder(journals: dict[int, list[CollectiveRecord]], fr_json: d
 
 def merge(journals: dict[int, list[CollectiveRecord]],
           dumps: dict[int, list[CollectiveRecord]]) -> dict[int, list[CollectiveRecord]]:
-    """Every rank's Python records plus the Flight Recorder entries they do not cover.
+    """Every rank's Python records plus the Flight Recorder entries they do not cover; a Python record
+    the journal completed whose NCCL work the Flight Recorder shows incomplete is in flight.
 
     A group's records are numbered from its sequence ids, relative to the smallest one any rank
     recorded in this call: the same numbering on every rank even when one rank's ring buffer has
@@ -125,14 +133,20 @@ def _combine(python: list[CollectiveRecord], recorded: list[CollectiveRecord]) -
     for rec in python:
         if not GroupId.parse(rec.pg).p2p:
             labels.setdefault(group_name_of(rec.pg, rec.group), rec.pg)
-    known = {(group_name_of(r.pg, r.group), seq) for r in python if r.fr_seq is not None
-             for seq in range(r.fr_seq, (r.fr_seq_end or r.fr_seq) + 1)}
+    known: dict[tuple[str, int], CollectiveRecord] = {
+        (group_name_of(r.pg, r.group), seq): r for r in python if r.fr_seq is not None
+        for seq in range(r.fr_seq, (r.fr_seq_end or r.fr_seq) + 1)}
     by_pg: dict[str, list[CollectiveRecord]] = {}
     for rec in python:
         by_pg.setdefault(rec.pg, []).append(rec)
     for rec in recorded:
         name = group_name_of(rec.pg)
-        if (name, rec.fr_seq) in known:
+        covered = known.get((name, rec.fr_seq or 0))
+        if covered is not None:
+            if rec.detail.get("work") == "pending" and covered.state == RecordState.COMPLETED:
+                # its call returned, its work did not complete: NCCL's wait_tensor (a functional
+                # collective), or the journal's C line not polled yet
+                covered.state = RecordState.IN_FLIGHT
             continue
         rec.pg = labels.get(name, rec.pg)
         by_pg.setdefault(rec.pg, []).append(rec)
