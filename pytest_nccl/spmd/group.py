@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
+from ..core.nccl_env import nccl_env
 from ..core.referee import TIMING as RULES
 from ..core.states import Backend
 from ..errors import RankSetupError
@@ -103,6 +104,8 @@ class LaunchedGroup:
         if self.backend == Backend.NCCL:
             torch.cuda.set_device(self.launch.local_rank)
             kwargs["device_id"] = torch.device("cuda", self.launch.local_rank)
+            # this process is the rank: NCCL reads them when the group is made (core/nccl_env.py)
+            os.environ.update(nccl_env(os.environ))
         t0 = time.monotonic()
         try:
             base.set_timeout(datetime.timedelta(seconds=max(TIMING.group_wait_min, bound)))
