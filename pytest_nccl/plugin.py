@@ -31,7 +31,7 @@ from .settings import (
     unsupported_platform,
 )
 from .views import gate
-from .views.report import NcclLongRepr
+from .views.report import NcclLongRepr, trace_files
 
 # A bad setting, kept from configure to the session's start: --help, --version, --markers and
 # --collect-only must still work with a bad value in the config file.
@@ -299,12 +299,23 @@ def pytest_runtest_makereport(item, call):
     if isinstance(exc, (DistributedTestFailure, NcclUsageError)) and rep.longrepr is not None \
             and not getattr(rep, "wasxfail", None):
         path, lineno = str(item.path), (item.location[1] or 0) + 1
+        # the class a user catches with pytest.raises or xfail(raises=) leads the report; bad input
+        # (NcclUsageError) is the plugin's own word, not an outcome to catch
+        exception = type(exc).__name__ if isinstance(exc, DistributedTestFailure) else ""
         if isinstance(exc, DistributedTestFailure) and not isinstance(exc, RankSetupError):
-            rep.longrepr = NcclLongRepr(str(exc), exc.report or str(exc), path, lineno)
+            rep.longrepr = NcclLongRepr(str(exc), exc.report or str(exc), path, lineno, exception,
+                                        _trace_files(item, call))
         else:
-            line = f"pytest-nccl: {exc}"
-            rep.longrepr = NcclLongRepr(line.split("\n")[0], line, path, lineno)
+            line = str(exc) if str(exc).startswith("pytest-nccl: ") else f"pytest-nccl: {exc}"
+            rep.longrepr = NcclLongRepr(line.split("\n")[0], line, path, lineno, exception)
     return rep
+
+
+def _trace_files(item, call) -> list[tuple[str, str]]:
+    """The files --nccl-trace-dir got for this call of ``item`` (none without the option)."""
+    nccl = item.config.stash.get(SESSION_KEY, None)
+    directory = nccl.settings.trace_dir if nccl is not None else None
+    return trace_files(directory, item.nodeid, getattr(call, "start", None)) if directory else []
 
 
 # -- gate report, JUnit properties, exit codes for git bisect -------------------------------------

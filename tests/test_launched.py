@@ -198,7 +198,7 @@ def test_debug_launcher_desync_fails_within_seconds(inner):
     assert "test_launched_inner.py:" in section and "via accelerate" in section, section
     assert ">>   #1 all_gather [2]" in section  # the collective trace
     assert _elapsed(section) < VERDICT_WITHIN
-    assert "FAILED test_launched_inner.py::test_debug_launcher_desync - op mismatch" in inner.text
+    assert "FAILED test_launched_inner.py::test_debug_launcher_desync - CollectiveMismatch: op mismatch" in inner.text
 
 
 def test_a_hang_fails_at_the_bound_before_pytest_timeout(inner):

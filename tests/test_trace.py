@@ -57,7 +57,7 @@ def test_trace_dir_junit_and_flight_recorder(run_inner, pytester):
     assert props["nccl_diagnosis"].startswith("slow rank: rank 1 is busy outside any collective")
     assert (props["nccl_diagnosis_kind"], props["nccl_exception"]) == ("slow-rank", "CollectiveTimeout")
     failure = cases["test_slow_rank_async"].find("failure")
-    assert failure.get("message").startswith("slow rank: rank 1")
+    assert failure.get("message").startswith("CollectiveTimeout: slow rank: rank 1")
 
     fr_dir = traces / "test_inner.py__test_slow_rank_async.fr"
     assert sorted(p.name for p in fr_dir.iterdir()) == ["rank_0", "rank_1"]

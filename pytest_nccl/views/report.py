@@ -3,7 +3,8 @@
 - ``report_text`` / ``format_report``: headline, the per-rank collective table (matching prefix folded, the
   diverging row marked), where each rank is now, tracebacks (identical ones once), stacks.
 - ``trace_json``: the machine-readable trace written by ``--nccl-trace-dir``.
-- ``NcclLongRepr``: the failure report pytest shows, headline first.
+- ``NcclLongRepr``: the failure report pytest shows: the exception class and the headline first, the
+  trace files it wrote (``trace_files``) last.
 """
 
 from __future__ import annotations
@@ -276,20 +277,69 @@ def _crash_location(path: str, lineno: int, message: str) -> object:
     return ReprFileLocation(path=path, lineno=lineno, message=message)
 
 
-class NcclLongRepr:
-    """A failure report whose first line is the diagnosis headline (shown by -r summaries and as
-    the JUnit failure message) and whose body is the collective trace."""
+# What each file of a trace directory is, and what opens it (docs/views.md), in the order listed
+TRACE_FILES = (
+    (".html", "swimlane page: any browser, offline"),
+    (".trace.json", "Perfetto trace: ui.perfetto.dev (Open trace file) or chrome://tracing"),
+    (".json", "the collective trace as JSON: jq, scripts"),
+)
+FR_READER = "python -m torch.distributed.flight_recorder.fr_trace"
+# A file counts as this call's when written since it started, less a coarse file system's mtime step
+MTIME_SLACK_S = 2.0
 
-    def __init__(self, headline: str, body: str, path: str, lineno: int):
+
+def trace_files(directory: str, name: str, since: float | None = None) -> list[tuple[str, str]]:
+    """(path, what opens it) of each file of ``name``'s trace in ``directory`` (``write_trace_dir``'s
+    and ``tracedir``'s names), those written since ``since`` (epoch seconds) only: an older run's
+    leftovers in the same directory are not this failure's."""
+    base = os.path.join(directory, safe_filename(name))
+
+    def fresh(path: str) -> bool:
+        try:
+            return os.stat(path).st_mtime >= (since - MTIME_SLACK_S if since is not None else 0)
+        except OSError:
+            return False
+
+    found = [(base + suffix, what) for suffix, what in TRACE_FILES if fresh(base + suffix)]
+    fr_dir = base + ".fr"
+    dumps = sorted(f for f in (os.listdir(fr_dir) if os.path.isdir(fr_dir) else ())
+                   if fresh(os.path.join(fr_dir, f)))
+    if dumps:
+        found.append((fr_dir + os.sep, f"Flight Recorder dumps, {len(dumps)} rank(s): {FR_READER} {fr_dir}"))
+    return found
+
+
+def format_trace_files(files: list[tuple[str, str]]) -> str:
+    """The report's last part: each trace file and what opens it."""
+    if not files:
+        return ""
+    width = max(len(path) for path, _ in files)
+    return "-- trace files (--nccl-trace-dir) --\n" + "\n".join(
+        f"  {path.ljust(width)}  {what}" for path, what in files)
+
+
+class NcclLongRepr:
+    """A failure report whose first line is the exception class and the diagnosis headline (what
+    -r summaries and the JUnit failure message show, as pytest shows ``AssertionError: ...``), whose
+    body is the collective trace, and whose end lists the trace files written."""
+
+    def __init__(self, headline: str, body: str, path: str, lineno: int, exception: str = "",
+                 files: list[tuple[str, str]] | None = None):
         self.headline = headline
+        self.first_line = f"{exception}: {headline}" if exception else headline
         self.body = body
-        self.reprcrash = _crash_location(path, lineno, headline)
+        self.files = format_trace_files(files or [])
+        self.reprcrash = _crash_location(path, lineno, self.first_line)
         self.sections: list = []
 
-    def toterminal(self, tw) -> None:
-        tw.line(self.headline, red=True, bold=True)
+    def _rest(self) -> str:
+        """The report after its first line."""
         rest = self.body[len(self.headline):] if self.body.startswith(self.headline) else "\n" + self.body
-        for line in rest.splitlines():
+        return rest.rstrip("\n") + ("\n\n" + self.files if self.files else "")
+
+    def toterminal(self, tw) -> None:
+        tw.line(self.first_line, red=True, bold=True)
+        for line in self._rest().splitlines():
             tw.line(line)
         for name, content, sep in self.sections:
             tw.sep(sep, name)
@@ -299,4 +349,4 @@ class NcclLongRepr:
         self.sections.append((name, content, sep))
 
     def __str__(self) -> str:
-        return self.body if self.body.startswith(self.headline) else self.headline + "\n" + self.body
+        return self.first_line + self._rest()
