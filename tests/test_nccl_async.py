@@ -96,7 +96,8 @@ def test_00_warm_4(rank):
 @pytest.mark.nccl(world=2)
 def test_settings_2(rank):
     import os
-    assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3" and os.environ["TORCH_FR_BUFFER_SIZE"]
+    assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
+    assert os.environ.get("TORCH_FR_BUFFER_SIZE") or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")
     assert "TORCH_NCCL_BLOCKING_WAIT" not in os.environ  # the asynchrony under test stays
 
 
@@ -317,9 +318,12 @@ def test_a_member_that_issued_it_behind_a_synchronous_collective_in_flight_canno
     assert not behind(view(1, "running", [loose, w1]), w0)
 
 
-def test_the_ranks_nccl_settings_keep_the_users_own():
-    assert nccl_env({}) == RANK_ENV
+def test_the_ranks_nccl_settings_keep_the_users_own_and_name_the_flight_recorder_as_their_torch_does():
+    assert nccl_env({}, "2.13.0+cpu") == {**RANK_ENV, "TORCH_FR_BUFFER_SIZE": "2000"}
+    assert nccl_env({}, "2.6.0") == {**RANK_ENV, "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}  # 2.8 renamed it
+    assert nccl_env({}, "") == {**RANK_ENV, "TORCH_FR_BUFFER_SIZE": "2000"}
     assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in nccl_env({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"})
+    assert nccl_env({"TORCH_NCCL_TRACE_BUFFER_SIZE": "10"}, "2.13.0") == RANK_ENV  # either name: the user's
 
 
 def test_the_models_watchdog_takes_a_rank_down_as_nccls_does(tmp_path):

@@ -1,17 +1,21 @@
-"""What pytest-nccl sets in the environment of the ranks it starts (forked groups, a watched job) for
-NCCL, each only where the user has not set it; why each, and why not the others, is in
-docs/diagnosis.md ("Backends: when a collective is complete"). Standard library only."""
+"""What pytest-nccl sets in the environment of the ranks it starts (forked groups, a watched job, an
+SPMD rank before its NCCL group) for NCCL, each only where the user has not set it; why each, and why
+not the others, is in docs/diagnosis.md ("Backends: when a collective is complete"). Standard
+library only."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
+from importlib import metadata
 
+# The Flight Recorder: every collective with its state (scheduled, started, completed) and a sequence
+# id, C++-issued ones (DDP's reducer) included; dumped from the stuck ranks at a verdict. torch 2.8
+# made its buffer vendor neutral under the first name and warns at every group for the second, which
+# is the only one older releases read.
+FR_BUFFER, FR_BUFFER_BEFORE_2_8 = "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"
+FR_ENTRIES = "2000"
 RANK_ENV = {
-    # The Flight Recorder: every collective with its state (scheduled, started, completed) and a
-    # sequence id, C++-issued ones (DDP's reducer) included; dumped from the stuck ranks at a verdict.
-    # torch 2.7 and newer read the first name, older ones the second.
-    "TORCH_FR_BUFFER_SIZE": "2000",
-    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
     # NCCL's watchdog takes the process down when a collective times out (the process group's timeout:
     # the test's bound plus a margin, so the verdict comes first) or fails: a rank whose controller is
     # gone still ends, and nothing runs on after a communicator error.
@@ -22,6 +26,29 @@ RANK_ENV = {
 # for durations no rule reads).
 
 
-def nccl_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The settings of RANK_ENV that ``environ`` does not set already."""
-    return {key: value for key, value in RANK_ENV.items() if key not in environ}
+def nccl_env(environ: Mapping[str, str], torch_version: str | None = None) -> dict[str, str]:
+    """The settings ``environ`` does not set already, for ranks that run ``torch_version`` (default:
+    the installed torch's; the Flight Recorder's name depends on it)."""
+    version = torch_version if torch_version is not None else installed_torch()
+    wanted = {**RANK_ENV}
+    if FR_BUFFER not in environ and FR_BUFFER_BEFORE_2_8 not in environ:
+        wanted[FR_BUFFER_BEFORE_2_8 if _release(version) < (2, 8) else FR_BUFFER] = FR_ENTRIES
+    return {key: value for key, value in wanted.items() if key not in environ}
+
+
+@functools.lru_cache(maxsize=1)
+def installed_torch() -> str:
+    """The installed torch's version, read without importing it ("" when there is none)."""
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+def _release(version: str) -> tuple[int, int]:
+    """(major, minor) of '2.13.0+cpu'; an unreadable or empty one counts as new."""
+    try:
+        major, minor = version.split(".")[:2]
+        return int(major), int("".join(c for c in minor if c.isdigit()))
+    except ValueError:
+        return (99, 0)

@@ -13,13 +13,14 @@ import pytest
 import torch
 from conftest import line_of
 
+from pytest_nccl.core.nccl_env import nccl_env
+
 pytestmark = pytest.mark.skipif(torch.cuda.device_count() == 0, reason="no CUDA device on this host")
 
 
 def _run(code: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_NCCL_WATCH_DIR"}
-    env.setdefault("TORCH_FR_BUFFER_SIZE", "200")
-    env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "200")
+    env.update(nccl_env(env))
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                           timeout=240, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -73,7 +74,7 @@ import torch.distributed as dist
 @pytest.mark.nccl(world=1, backend="nccl")
 def test_settings(rank, device):
     assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3" and "TORCH_NCCL_BLOCKING_WAIT" not in os.environ
-    assert os.environ["TORCH_FR_BUFFER_SIZE"] and os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"]
+    assert os.environ.get("TORCH_FR_BUFFER_SIZE") or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")
 
 @pytest.mark.nccl(world=1, backend="nccl")
 def test_stuck_at_item(rank, device):
