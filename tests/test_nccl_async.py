@@ -221,6 +221,14 @@ def test_nccl_shaped_fault_headline_and_time(scenarios, scenario):
     assert durations[scenario] < FAST, (scenario, durations[scenario])
 
 
+def test_the_report_says_where_a_rank_waits_for_a_collective_in_flight(scenarios):
+    inner, _, _ = scenarios
+    section = inner.section("test_skip_2")
+    assert (f"rank 1: waits for all_reduce #2 of group model[0,1] from {_at('rank 0 skips it')} (enqueued, not "
+            f"completed) at {_at('the sync point')}") in section, section
+    assert "in-flight" in section  # the row of the collective trace: its state
+
+
 def _run(code: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_NCCL_WATCH_DIR"}
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,

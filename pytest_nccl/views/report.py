@@ -14,7 +14,7 @@ import os
 from types import SimpleNamespace
 
 from ..core.diagnosis import Diagnosis
-from ..core.diagnosis.wording import TEST, Words, where
+from ..core.diagnosis.wording import TEST, Words, waiting_for, where
 from ..core.groups import rank_ranges
 from ..core.records import CollectiveRecord, RankView
 from ..core.reports import CallOutcome
@@ -135,6 +135,8 @@ def format_positions(ranks: list[RankView], words: Words = TEST, counts: dict | 
             cur = v.current
             if cur is None:
                 place = "running, outside any collective"
+            elif cur.state == RecordState.IN_FLIGHT:  # NCCL: at its sync point, waiting for it
+                place = f"waits {waiting_for(cur, v)}"
             else:
                 place = f"inside {where(cur)} ({cur.state})"
         elif v.status == RankState.PASSED and not v.message:
