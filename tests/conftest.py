@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
 import time
 import uuid
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
 import pytest
@@ -118,3 +120,29 @@ def run_inner_once(tmp_path_factory, source: str, *args: str, name: str = "test_
     result = pytest.RunResult(proc.returncode, proc.stdout.splitlines(), proc.stderr.splitlines(), elapsed)
     assert_no_leftovers(tag)
     return Inner(result, elapsed, tag)
+
+
+def run_scenarios(tmp_path_factory, source: str, *args: str) -> tuple[Inner, dict, dict]:
+    """One inner session of scenarios (``run_inner_once``), with what each test's JUnit properties
+    say ((test, property) -> value: ``nccl_diagnosis``, ``nccl_exception``) and each call's duration
+    (test -> seconds)."""
+    junit_path = tmp_path_factory.mktemp("junit") / "junit.xml"
+    inner = run_inner_once(tmp_path_factory, source, *args, f"--junitxml={junit_path}", "--durations=0",
+                           "--durations-min=0", name="test_inner")
+    junit = ET.parse(junit_path).getroot()
+    props = {(case.get("name"), p.get("name")): p.get("value")
+             for case in junit.iter("testcase") for p in case.iter("property")}
+    durations = {m.group(2): float(m.group(1)) for line in inner.result.stdout.lines
+                 for m in [re.match(r"\s*([\d.]+)s call\s+test_inner.py::(\w+)", line)] if m}
+    return inner, props, durations
+
+
+def run_fresh(code: str, timeout: float = 180) -> str:
+    """``code`` in a fresh interpreter (installing the tracer patches torch.distributed for the whole
+    process), without the launched-ranks hook this test's children get (docs/launched.md: it would
+    install the tracer at torch's import, before the code under test does); its stdout."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_NCCL_WATCH_DIR"}
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout

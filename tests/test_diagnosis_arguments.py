@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import random
 import re
-import xml.etree.ElementTree as ET
 
 import pytest
 from collective_records import record, view
-from conftest import line_of, run_inner_once
+from conftest import line_of, run_inner_once, run_scenarios
 
 from pytest_nccl.core.agreement import digests_agree
 from pytest_nccl.core.diagnosis import diagnose
@@ -457,15 +456,7 @@ FAST = 5.0
 
 @pytest.fixture(scope="module")
 def scenarios(tmp_path_factory):
-    junit_path = tmp_path_factory.mktemp("junit") / "junit.xml"
-    inner = run_inner_once(tmp_path_factory, SCENARIOS, "--nccl-timeout=60", f"--junitxml={junit_path}",
-                           "--durations=0", "--durations-min=0", name="test_inner")
-    junit = ET.parse(junit_path).getroot()
-    props = {(case.get("name"), p.get("name")): p.get("value")
-             for case in junit.iter("testcase") for p in case.iter("property")}
-    durations = {m.group(2): float(m.group(1)) for line in inner.result.stdout.lines
-                 for m in [re.match(r"\s*([\d.]+)s call\s+test_inner.py::(\w+)", line)] if m}
-    return inner, props, durations
+    return run_scenarios(tmp_path_factory, SCENARIOS, "--nccl-timeout=60")
 
 
 def test_scenarios_session(scenarios):

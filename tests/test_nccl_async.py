@@ -5,16 +5,13 @@ at world 2 and 4, in one inner session; the tracer's in-flight state in a fresh 
 
 from __future__ import annotations
 
-import os
-import re
 import subprocess
 import sys
 import textwrap
-import xml.etree.ElementTree as ET
 
 import pytest
 from collective_records import record, view
-from conftest import line_of, run_inner_once
+from conftest import line_of, run_fresh, run_scenarios
 
 from pytest_nccl.core.journal import parse_journal
 from pytest_nccl.core.nccl_env import RANK_ENV, nccl_env
@@ -196,15 +193,7 @@ FAST = 8.0
 
 @pytest.fixture(scope="module")
 def scenarios(tmp_path_factory):
-    junit_path = tmp_path_factory.mktemp("junit") / "junit.xml"
-    inner = run_inner_once(tmp_path_factory, SCENARIOS, "--nccl-timeout=60", f"--junitxml={junit_path}",
-                           "--durations=0", "--durations-min=0", name="test_inner")
-    junit = ET.parse(junit_path).getroot()
-    props = {(case.get("name"), p.get("name")): p.get("value")
-             for case in junit.iter("testcase") for p in case.iter("property")}
-    durations = {m.group(2): float(m.group(1)) for line in inner.result.stdout.lines
-                 for m in [re.match(r"\s*([\d.]+)s call\s+test_inner.py::(\w+)", line)] if m}
-    return inner, props, durations
+    return run_scenarios(tmp_path_factory, SCENARIOS, "--nccl-timeout=60")
 
 
 def test_the_session_fails_each_fault_and_passes_healthy_overlap(scenarios):
@@ -229,19 +218,11 @@ def test_the_report_says_where_a_rank_waits_for_a_collective_in_flight(scenarios
     assert "in-flight" in section  # the row of the collective trace: its state
 
 
-def _run(code: str) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_NCCL_WATCH_DIR"}
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=180, env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
-
-
 def test_a_collective_behind_a_long_kernel_is_in_flight_until_its_work_completes(tmp_path):
     """The model's form of the GPU host's check (tests/gpu): an all_reduce enqueued behind a long
     kernel returns at once and is journaled in flight, not completed, while the stream is held; its
     C line follows once the work ran, without the rank writing anything more."""
-    out = _run(f"""
+    out = run_fresh(f"""
         import time, torch, torch.distributed as dist
         from pytest_nccl.rank import tracer
         from pytest_nccl.core.journal import read_journal
@@ -273,7 +254,7 @@ def test_a_collective_behind_a_long_kernel_is_in_flight_until_its_work_completes
 def test_gloo_collectives_stay_complete_when_they_return(tmp_path):
     """gloo's wait blocks the CPU: its calls complete on return, even the composed works that never
     say so (reduce_scatter_single's ``is_completed()`` stays False after its wait)."""
-    out = _run(f"""
+    out = run_fresh(f"""
         import torch, torch.distributed as dist
         from pytest_nccl.rank import tracer
         from pytest_nccl.core.journal import read_journal

@@ -6,26 +6,14 @@ tracer patches torch.distributed for the whole process."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
-
-
-def _run(code: str) -> str:
-    # without the launched-ranks hook this test's children get (docs/launched.md): it would install
-    # the tracer at torch's import, before the code under test installs it
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_NCCL_WATCH_DIR"}
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=180, env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
+from conftest import run_fresh
 
 
 def test_generated_c10d_wrappers_keep_signature_defaults_and_arguments():
-    out = _run("""
+    out = run_fresh("""
         import inspect
         import torch.distributed as dist
         import torch.distributed.distributed_c10d as c10d
@@ -49,7 +37,7 @@ def test_generated_c10d_wrappers_keep_signature_defaults_and_arguments():
 
 
 def test_functional_ops_keep_their_hash_and_graphs_keep_wait_tensor():
-    out = _run("""
+    out = run_fresh("""
         import torch, torch.fx
         import torch.distributed._functional_collectives  # registers the ops
         ops = torch.ops._c10d_functional
@@ -100,7 +88,7 @@ def test_a_stopped_trace_holds_none_of_the_jobs_tensors(tmp_path):
         print(trace.default_pg is None and not groups)
         dist.destroy_process_group()
     """))
-    out = _run(f"import runpy; runpy.run_path({str(job)!r})")
+    out = run_fresh(f"import runpy; runpy.run_path({str(job)!r})")
     assert out.split() == ["True", "True", "True"], out
 
 
@@ -109,7 +97,7 @@ def test_pytest_nccl_s_own_store_reads_are_not_the_test_s_waits(tmp_path):
     in the failure's table as the test's 'group outside: store.get' on rank 0. A read from the user's
     code is journaled, from its main thread or a thread of its own; one from pytest-nccl's threads is not."""
     journal = tmp_path / "journal.txt"
-    out = _run(f"""
+    out = run_fresh(f"""
         import datetime, threading
         import torch.distributed as dist
         from pytest_nccl.rank import tracer
@@ -134,7 +122,7 @@ def test_the_watch_rotates_only_its_own_journal(tmp_path):
     watch's while a test runs; the watch's agent bounds its journal by ``dup2`` onto the active
     trace's descriptor, which then was the test's journal."""
     ours, theirs = tmp_path / "journal-0.txt", tmp_path / "test.txt"
-    out = _run(f"""
+    out = run_fresh(f"""
         from pytest_nccl.rank import tracer
         tracer.start({str(ours)!r})
         print(tracer.journal_fd({str(ours)!r}) >= 0)
@@ -198,5 +186,5 @@ def test_a_wait_that_outlives_its_trace_returns_normally(tmp_path, wait):
             dist.destroy_process_group()
         print(raised or "fine", received.item(), len(open_journals))
     """))
-    out = _run(f"import runpy; runpy.run_path({str(job)!r}, run_name='__main__')")
+    out = run_fresh(f"import runpy; runpy.run_path({str(job)!r}, run_name='__main__')")
     assert out.split() == ["fine", "1.0", "0"], out
