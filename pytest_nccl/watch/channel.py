@@ -31,17 +31,24 @@ client can be had (nothing listens at the store's address: ``_store``), is the c
 deciding watch, which hosts the store, ended): every call then answers "nothing", and the watch goes
 on with what it sees itself; the other nodes' ranks it could no longer follow are unseen
 (``RankState.UNSEEN``), never evidence about the job (``Monitor``).
+
+The calls into torch's store run in background threads (connect, the relay) with the GIL released:
+one that returned while the interpreter finalized was ended by ``pthread_exit``, whose unwinding
+through torch's C++ called ``std::terminate`` (SIGABRT). The exit waits for them (``_InTorch``).
 """
 
 from __future__ import annotations
 
+import atexit
+import datetime
 import json
 import os
 import pickle
 import socket
 import threading
 import time
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 from ..core.messages import AgentRequest
 from ..core.reports import RankReport
@@ -54,6 +61,43 @@ ATTEMPTS = 4            # tries of one store call, each on a fresh client after 
 # how long a watch waits for the channel to come up (its own import of torch, the other watches' and
 # the announcement in the job's store): seconds on an idle host, tens of seconds on a loaded one
 CONNECT_WAIT = 30.0
+EXIT_WAIT = 30.0        # how long the exit waits for the store calls under way (seconds each)
+
+
+class _InTorch:
+    """The calls into torch's store under way in this process; none starts once it exits."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        # also in a forked child: it has none of its parent's threads, nor their calls
+        self.calls, self.exiting, self.cond = 0, False, threading.Condition()
+
+    @contextmanager
+    def call(self) -> Iterator[bool]:
+        """True: the call may run, and the exit waits for it; False: the process exits, make none."""
+        with self.cond:
+            allowed = not self.exiting
+            self.calls += allowed
+        try:
+            yield allowed
+        finally:
+            with self.cond:
+                self.calls -= allowed
+                self.cond.notify_all()
+
+    def settle(self, wait: float = EXIT_WAIT) -> bool:
+        """Refuse new calls and wait for those under way; False if one outlived ``wait``. Runs at
+        exit, before the interpreter finalizes (atexit): a call that returned after that aborted it."""
+        with self.cond:
+            self.exiting = True
+            return self.cond.wait_for(lambda: self.calls == 0, timeout=wait)
+
+
+IN_TORCH = _InTorch()
+atexit.register(IN_TORCH.settle)
+os.register_at_fork(after_in_child=IN_TORCH.reset)
 
 
 class Channel:
@@ -80,7 +124,10 @@ class Channel:
                 if self.lost:  # found so before, maybe by the thread that held the lock: not tried again
                     return default
                 try:
-                    return fn(self.store, *args)
+                    with IN_TORCH.call() as allowed:
+                        if not allowed:  # the process exits
+                            return default
+                        return fn(self.store, *args)
                 except Exception as exc:  # a hiccup, or the store went away (its node ended)
                     self.errors += 1
                     _debug(f"channel: {getattr(fn, '__name__', fn)}: {type(exc).__name__}: {exc} "
@@ -282,12 +329,13 @@ def _store(host: str, port: int, timeout: float, server: bool = False):
     if not server and not _listening(host, port, timeout):
         return None
     try:
-        import datetime
+        with IN_TORCH.call() as allowed:
+            if not allowed:
+                return None
+            import torch.distributed as dist
 
-        import torch.distributed as dist
-
-        return dist.TCPStore(host, port, is_master=server, wait_for_workers=False,
-                             timeout=datetime.timedelta(seconds=timeout))
+            return dist.TCPStore(host, port, is_master=server, wait_for_workers=False,
+                                 timeout=datetime.timedelta(seconds=timeout))
     except Exception:  # TCPStore's error differs by torch version and cause: no store
         return None
 
@@ -326,22 +374,25 @@ def connect(info: RankInfo, decides: Callable[[], bool], timeout: float = 5.0,
         # every failure here is retried until ``wait`` passes: on a loaded host a client's connection
         # times out or is reset now and then; a job's store that went away fails each time
         try:
-            job_store = job_store or _store(str(host), int(port), timeout)
-            if job_store is None:
-                pass
-            elif decides():
-                server = server or _store(socket.gethostname(), 0, timeout, server=True)
-                if server is not None:
-                    job_store.set(key, f"{socket.gethostname()}:{server.port}")
-                    return Channel(server, job)
-            elif job_store.check([key]):
-                there, _, at = job_store.get(key).decode().rpartition(":")
+            with IN_TORCH.call() as allowed:
+                if not allowed:  # the watch exits: no channel to open
+                    return None
+                job_store = job_store or _store(str(host), int(port), timeout)
+                if job_store is None:
+                    pass
+                elif decides():
+                    server = server or _store(socket.gethostname(), 0, timeout, server=True)
+                    if server is not None:
+                        job_store.set(key, f"{socket.gethostname()}:{server.port}")
+                        return Channel(server, job)
+                elif job_store.check([key]):
+                    there, _, at = job_store.get(key).decode().rpartition(":")
 
-                def reopen(there=there, at=int(at)):
-                    return _store(there, at, timeout) or _store(str(host), at, timeout)
-                store = reopen()
-                if store is not None:
-                    return Channel(store, job, reopen)
+                    def reopen(there=there, at=int(at)):
+                        return _store(there, at, timeout) or _store(str(host), at, timeout)
+                    store = reopen()
+                    if store is not None:
+                        return Channel(store, job, reopen)
         except Exception as exc:  # any store's error (by torch version): said, tried again
             _debug(f"channel: the job's store at {host}:{port}: {type(exc).__name__}: {exc}")
             job_store = None
