@@ -8,12 +8,12 @@ this script starts and stops itself. A benchmark, not a timed test: it counts, i
   changed); one that fails every round is counted apart (broken, not flaky).
 
 Run:  python benchmarks/soak_watch.py [--rounds 20] [--load N] [--only TEXT] [--json FILE] [--keep DIR]
-      [--gate]
+      [--gate] [--scale]
 (``--only``: the tests whose id contains TEXT; ``--load``: busy processes, default one per core minus
 one: with the tests themselves, every core is busy; ``--keep``: each round's JUnit file, with every
-failure's whole text, kept in DIR). Prints one line per round, a healthy job's failure in full, and
-the counts at the end; exit status 0, or with ``--gate`` (.ci/run) 1 when there was a false verdict
-(a healthy job failed).
+failure's whole text, kept in DIR; ``--scale``: the healthy jobs at scale too, ``SCALE``). Prints
+one line per round, a healthy job's failure in full, and the counts at the end; exit status 0, or
+with ``--gate`` (.ci/run) 1 when there was a false verdict (a healthy job failed).
 """
 
 from __future__ import annotations
@@ -38,6 +38,10 @@ HEALTHY = [
     "tests/test_watch_launchers.py::test_multiprocessing_ranks[good-mp-fork]",
     "tests/test_watch_worlds.py::test_two_healthy_worlds_pass_untouched",
     "tests/test_watch_worlds.py::test_ranks_outside_the_watch_are_unseen_never_not_started",
+]
+# healthy jobs at scale, with --scale: over CI's budget (16 nodes on one host: ~1.5 min a round)
+SCALE = [
+    "tests/test_watch_exit.py::test_a_healthy_job_of_16_one_rank_nodes_ends_with_exit_0_on_every_node",
 ]
 FAULTY = [
     "tests/test_watch_nodes.py::test_a_slow_rank_on_the_other_node_is_named_by_both_watches",
@@ -99,11 +103,12 @@ def main() -> int:
     parser.add_argument("--only", default="", help="only the tests whose id contains this text")
     parser.add_argument("--json", help="write the counts here")
     parser.add_argument("--keep", help="keep each round's JUnit file (failures in full) in this folder")
+    parser.add_argument("--scale", action="store_true", help="also the healthy jobs at scale (SCALE)")
     parser.add_argument("--gate", action="store_true",
                         help="exit 1 on a false verdict: a healthy job failed (CI); else 0 always")
     args = parser.parse_args()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    healthy = [t for t in HEALTHY if args.only in t]
+    healthy = [t for t in HEALTHY + (SCALE if args.scale else []) if args.only in t]
     faulty = [t for t in FAULTY if args.only in t]
     tests = healthy + faulty
     if not tests:
