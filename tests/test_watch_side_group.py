@@ -107,6 +107,11 @@ def assert_named(run, group: str, site: str, ended_at: float, timeout: float = T
     assert f"pytest-nccl watch: group {group}: 3 of 4 members joined (store 127.0.0.1:" in run.stderr, run.stderr
     assert f"member 3 never connected (the others waited {timeout:g} s, --timeout: 0: pid " in run.stderr, run.stderr
     assert f"created at {site}" in run.stderr, run.stderr
+    # shaped as every verdict: the banner, the report, and the verdict again as the watch's last line
+    assert "pytest-nccl watch: diagnosed (rendezvous, side group) =====" in run.stderr, run.stderr
+    assert f"-- where each member of group {group} is --" in run.stderr, run.stderr
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"pytest-nccl watch: verdict (exit 3): group {group}: 3 of 4 members joined"), last
     s = run.summary
     assert s is not None and s["exit_code"] == 3 and s["ended_by_watch"] and s["verdict"], s
     assert s["headline"] == s["peers_missing"] and s["headline"].startswith(f"group {group}: 3 of 4"), s

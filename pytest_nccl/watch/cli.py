@@ -30,7 +30,7 @@ import time
 from ..core.diagnosis.wording import rank_list
 from ..core.nccl_env import nccl_env
 from ..core.reports import CallOutcome
-from ..core.states import Reason
+from ..core.states import Kind, Reason
 from . import control, jobdir, present, stragglers
 from .joining import JoiningProcesses
 from .monitor import Monitor
@@ -45,6 +45,7 @@ from .outcome import (
     no_rank_line,
     on_verdict,
     peers_line,
+    side_group_report,
     side_group_verdict,
     waited_for_peers,
 )
@@ -303,6 +304,9 @@ class Watch:
         if waiting:
             self.peers_missing = peers_line(waiting, self.args.timeout)
             self.side_group_missing = side_group_verdict(waiting)
+            if self.side_group_missing and not self.args.quiet:  # a verdict: as every verdict reads
+                say(present.banner(PROG, f"diagnosed ({Kind.RENDEZVOUS}, side group)"))
+                say(side_group_report(waiting, self.args.timeout))
         return bool(waiting)
 
     def _ended(self, launcher) -> int:
@@ -358,7 +362,7 @@ class Watch:
             if title is None:
                 title = {Reason.TIMEOUT: "stalled", Reason.DECIDED: "diagnosed"}.get(finding.reason, finding.reason)
                 title = f"{title} ({finding.diagnosis.kind}){where}"
-            say(f"\n{'=' * 20} {PROG}: {title} {'=' * 20}")
+            say(present.banner(PROG, title))
             say(present.report_text(finding, timeout))
         present.to_absolute(finding, timeout)
         if self.args.trace_dir:
@@ -375,6 +379,9 @@ class Watch:
         found = stragglers.of_watch(self)
         for line in [] if self.args.quiet else stragglers.lines(found):
             say(f"{PROG}: {line}")
+        if not self.args.quiet and (self.finding is not None or self.side_group_missing):
+            head = present.headline(self.finding) if self.finding is not None else self.peers_missing
+            say(present.recap(PROG, head.removesuffix("; ending the job"), code))
         if self.args.json:
             text = present.summary(self.finding, exit_code=code,
                                    job_exit_code=None if returncode is None else status_of(returncode),

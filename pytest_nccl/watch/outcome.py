@@ -178,6 +178,17 @@ def _side_group_line(waiting: list, timeout: float) -> str:
             f"{timeout:g} s, --timeout: {pids}){where}; ending the job")
 
 
+def side_group_report(waiting: list, timeout: float) -> str:
+    """A side group's verdict as every verdict reads: its headline, then where each member that
+    joined waits (rank, pid, the line that created the group)."""
+    joined, never, name, store, _ = _side_group_facts(waiting)
+    lines = [_side_group_line(waiting, timeout).removesuffix("; ending the job"), "",
+             f"-- where each member of group {name} is --"]
+    lines += [f"  member {j.rank} (pid {j.pid}): waits for members {_shown(never)} in its creation"
+              f"{f' at {j.site}' if j.site else ''}" for j in waiting if j.rank is not None]
+    return "\n".join(lines)
+
+
 def _missing(waiting: list, noun: str) -> str:
     world = next((j.world for j in waiting if j.world), None)
     present = {j.rank for j in waiting if j.rank is not None}

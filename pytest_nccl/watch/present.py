@@ -29,6 +29,17 @@ def headline(finding: CallOutcome, timeout: float | None = None) -> str:
     return finding.verdict.headline
 
 
+def banner(prog: str, title: str) -> str:
+    """The line that opens every verdict's report: 'diagnosed (rank-left)', 'diagnosed (side-group)'."""
+    return f"\n{'=' * 20} {prog}: {title} {'=' * 20}"
+
+
+def recap(prog: str, headline: str, code: int) -> str:
+    """The verdict again, the watch's last line: what the launcher wrote while it was being ended
+    (torchrun's warnings, its workers' SIGTERM messages) comes before it."""
+    return f"{prog}: verdict (exit {code}): {headline}"
+
+
 def to_absolute(finding: CallOutcome, timeout: float | None = None) -> None:
     """The records and the diagnosis numbered as the ranks counted (for the JSON and the trace
     views); once the text is made."""
