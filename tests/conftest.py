@@ -41,6 +41,13 @@ class Inner:
                     if (lines[i].startswith("___") or lines[i].startswith("===")) ), len(lines))
         return "\n".join(lines[start:end])
 
+    def headline(self, test_name: str) -> str:
+        """The failure's headline: its report's first line less the exception class it starts with
+        ('CollectiveMismatch: shape mismatch in ...')."""
+        lines = self.section(test_name).splitlines()
+        first = lines[1] if len(lines) > 1 else ""
+        return re.sub(r"^[A-Z]\w*: ", "", first, count=1)
+
 
 def line_of(source: str, snippet: str) -> int:
     """1-based line of ``snippet`` in the module that ``run_inner`` writes from ``source``."""

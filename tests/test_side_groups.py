@@ -103,8 +103,7 @@ def test_session_outcomes(inner):
 
 
 def test_rendezvous_names_who_never_joined_and_where(inner):
-    section = inner.section("test_third_member_never_joins")
-    headline = section.splitlines()[1]
+    headline = inner.headline("test_third_member_never_joins")
     assert headline.startswith("the test exceeded its 6 s bound outside any collective ("), headline
     assert re.search(rf"rank 0 waits in TCPStore\(127\.0\.0\.1:\d+\) as a server of 3 members at "
                      rf"{_line('# STORE')}: ranks 0,1 of this test arrived, 1 member never did", headline), headline
@@ -113,14 +112,13 @@ def test_rendezvous_names_who_never_joined_and_where(inner):
 
 
 def test_rank_in_a_side_group_is_named_with_the_group_and_the_line(inner):
-    section = inner.section("test_weight_sync_blocks_while_others_gather")
-    headline = section.splitlines()[1]
+    headline = inner.headline("test_weight_sync_blocks_while_others_gather")
     assert re.search(rf"rank 0 waits in broadcast #1 of group weights\[0,\+1\] from {_line('# SEND')} instead, "
                      rf"after \d+ collectives? in group default; rank 1 waited for the whole 8 s bound in "
                      rf"all_gather_into_tensor #\d+ of group default from {_line('# GATHER')}", headline), headline
 
 
 def test_a_monitored_barrier_names_where_its_missing_peer_is(inner):
-    headline = inner.section("test_monitored_barrier_peer_sleeps").splitlines()[1]
+    headline = inner.headline("test_monitored_barrier_peer_sleeps")
     assert headline == (f"rank 0 raised RuntimeError: [Rank 0]: Rank 1 failed to pass monitoredBarrier in 2000 ms; "
                         f"rank 1 is busy outside any collective at {_line('# PEER')}: time.sleep(60)"), headline

@@ -105,7 +105,7 @@ def test_session(inner):
 
 
 def test_a_real_race_names_both_threads(inner):
-    headline = inner.section("test_race").splitlines()[1]
+    headline = inner.headline("test_race")
     main, thread = (f"test_inner.py:{line_of(SOURCE, m)}" for m in ("# THE MAIN THREAD'S", "# THE THREAD'S"))
     assert headline.startswith(
         f"op mismatch at collective #1 of group default: rank 0 all_reduce, rank 1 all_gather (from {main}; "
