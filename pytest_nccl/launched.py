@@ -5,7 +5,7 @@ process. Controller side; ``plugin.py`` calls ``before`` and ``after`` around ea
 
 During the call of a test the plugin does not run itself (not marked ``nccl``, no ``nccl_world``):
 
-- the session's environment carries the watch's (``watch.cli.job_env``): its start-up hook first on
+- the session's environment carries the watch's (``watch.control.job_env``): its start-up hook first on
   ``PYTHONPATH``; the test's call, a directory of the test's own (the hook acts only with one).
   Every Python process the test executes, at any depth, traces its collectives once it imports
   torch, as under ``pytest-nccl watch``; a process the test forks (``start_method="fork"``:
@@ -52,7 +52,7 @@ ANSWER_WAIT = 60.0   # seconds pytest waits for the helper's verdict (it ends th
 _HELPER = ("import sys; sys.path.insert(0, sys.argv[1]); from pytest_nccl.watch.intest import main; "
            "sys.exit(main(int(sys.argv[2]), sys.argv[3]))")
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STARTUP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "watch", "startup")  # as watch.cli's
+STARTUP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "watch", "startup")  # as watch.control's
 
 _armed = False          # a test's call runs with its ranks followed: forked children get the hook
 _fork_hook = False      # os.register_at_fork cannot be undone: registered once per process
@@ -122,7 +122,7 @@ class Launched:
         self.base: str | None = None
         self.conn: Connection | None = None
         self.helper: subprocess.Popen | None = None
-        self.job_env: dict | None = None   # what watch.cli.job_env adds for the session: name -> (before, value)
+        self.job_env: dict | None = None   # what watch.control.job_env adds for the session: name -> (before, value)
         self.n = 0
         self.pytest_timeout: float | None = None   # pytest-timeout's session-wide seconds (0: none)
 
@@ -138,18 +138,18 @@ class Launched:
         global _fork_hook
         if self.off is not None or self.helper is not None:
             return
-        from .watch import cli, inject  # noqa: F401  (inject: imported before any fork, see _forked_child)
+        from .watch import control, inject  # noqa: F401  (inject: imported before any fork, see _forked_child)
 
         # the same for every test: computed once (a copy of os.environ per test would cost)
         # set once for the session (six variables per test would cost): the start-up hook does nothing
         # in a process whose environment has no test directory
-        template = cli.job_env("")
+        template = control.job_env("")
         self.job_env = {k: (os.environ.get(k), v) for k, v in template.items()
                         if os.environ.get(k) != v and k != ENV_DIR}
         for name, (_, value) in self.job_env.items():
             os.environ[name] = value
         try:
-            self.base = cli.job_dir()
+            self.base = control.job_dir()
             from multiprocessing import Pipe  # here: the plugin must load where multiprocessing cannot
             ours, theirs = Pipe(duplex=True)
             debug = None if os.environ.get("PYTEST_NCCL_WATCH_DEBUG") else subprocess.DEVNULL

@@ -286,9 +286,9 @@ def test_boot_ticks_is_the_unit_of_a_process_start():
 
 def test_the_start_up_hook_is_the_watchs():
     from pytest_nccl import launched
-    from pytest_nccl.watch import cli
+    from pytest_nccl.watch import control
 
-    assert launched.STARTUP_DIR == cli.STARTUP_DIR
+    assert launched.STARTUP_DIR == control.STARTUP_DIR
 
 
 def test_durations_for_the_record(inner, capsys):

@@ -182,7 +182,8 @@ def test_rank_that_left_is_diagnosed_at_once_and_the_job_ended(tmp_path):
                 f"of group default from train.py:{line('# rank 0 waits here')}")
     assert run.code == EXIT_DIAGNOSED, run.text
     assert headline in run.stderr, run.stderr
-    assert run.stderr.count(headline) == 1
+    assert run.stderr.count(headline) == 2  # the report's, and the recap that ends the watch's output
+    assert run.stderr.strip().splitlines()[-1] == f"pytest-nccl watch: verdict (exit 3): {headline}"
     # the same report as the test modes: the trace table, where each rank is, the stuck rank's stack
     assert ">>   #4 all_reduce [2] ..                  -" in run.stderr
     assert "-- Python stack of rank 0 (all threads) --" in run.stderr

@@ -23,7 +23,7 @@ from watch_support import JOBS, REPO, free_port, job_env, line_in, run_watch
 from pytest_nccl.core.reports import RankReport
 from pytest_nccl.core.states import RankState
 from pytest_nccl.watch import jobdir
-from pytest_nccl.watch.cli import STARTUP_DIR
+from pytest_nccl.watch.control import STARTUP_DIR
 
 HOOK_TIMEOUT = 120
 

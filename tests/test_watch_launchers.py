@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 
@@ -89,6 +90,17 @@ def test_torchrun_gives_up_after_the_last_attempt(tmp_path):
     assert run.summary["restart"] == 1 and len(run.summary["earlier_attempts"]) == 1, run.summary
     assert "bad node in attempt 1" in run.summary["headline"] or run.summary["kind"] == "rank-died", run.summary
     assert run.summary["job_exit_code"] != 0
+
+
+def test_a_restart_that_cannot_form_its_group_is_said_with_the_launchers_status(tmp_path):
+    """The restart's ranks raise in init_process_group (torch 2.13's gloo meets the first attempt's
+    addresses so, issue 40): the watch says which ranks, where and what, not only the launcher's status."""
+    run = _restart_job(tmp_path, "rejoin")
+    assert run.code == run.summary["job_exit_code"] != 0, run.text  # the launcher's own status: no collective verdict
+    line = line_in(JOBS / "restart_job.py", "# never completes")
+    assert re.search(rf"pytest-nccl watch: attempt 2: ranks 0,1 failed in init_process_group at "
+                     rf"{re.escape(str(JOBS / 'restart_job.py'))}:{line - 1}: DistStoreError: .*timeout.* \(the "
+                     rf"launcher's exit status {run.code}\)", run.stderr), run.text
 
 
 def test_torchrun_hang_ends_the_job_although_restarts_are_left(tmp_path):

@@ -18,21 +18,17 @@ Exit status (``outcome.exit_status``: one status per outcome, whoever ended the 
 
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
 import signal
-import socket
 import sys
-import tempfile
 import time
 
 from ..core.diagnosis.wording import rank_list
-from ..core.nccl_env import nccl_env
 from ..core.reports import CallOutcome
 from ..core.states import Kind, Reason
 from . import control, jobdir, present, stragglers
-from .joining import JoiningProcesses
+from .joining import JoiningProcesses, join_failures
 from .monitor import Monitor
 from .options import PROG, UsageError, build_parser, parse
 from .outcome import (
@@ -42,6 +38,7 @@ from .outcome import (
     Attempt,
     attempt_of,
     exit_status,
+    join_failure_line,
     no_rank_line,
     on_verdict,
     peers_line,
@@ -55,29 +52,6 @@ from .worlds import OtherWorlds
 EXIT_USAGE = 2
 EXIT_CANNOT_EXECUTE = 126
 EXIT_NOT_FOUND = 127
-STARTUP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup")
-
-
-def job_env(directory: str) -> dict:
-    env = dict(os.environ)
-    old = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = STARTUP_DIR + (os.pathsep + old if old else "")
-    env[jobdir.ENV_DIR] = directory
-    env[jobdir.ENV_PKG] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env[jobdir.ENV_WATCHER] = str(os.getpid())
-    env[jobdir.ENV_WATCHER_HOST] = socket.gethostname()
-    env.update(nccl_env(env))  # the Flight Recorder, NCCL's watchdog (core/nccl_env.py)
-    return env
-
-
-def job_dir() -> str:
-    directory = tempfile.mkdtemp(prefix="pytest-nccl-watch-")
-    if len(directory) > 80:  # unix socket paths are short (108 bytes)
-        shutil.rmtree(directory, ignore_errors=True)
-        directory = tempfile.mkdtemp(prefix="pytest-nccl-watch-", dir="/tmp")
-    return directory
-
-
 def say(text: str) -> None:
     sys.stdout.flush()
     sys.stderr.write(text.rstrip("\n") + "\n")
@@ -112,7 +86,7 @@ def main(argv: list | None = None) -> int:
     except UsageError as exc:
         say(f"{PROG}: error: {exc} (see {PROG} --help)")
         return EXIT_USAGE
-    directory = job_dir()
+    directory = control.job_dir()
     try:
         return Watch(args, command, directory).run()
     finally:
@@ -150,7 +124,7 @@ class Watch:
         args = self.args
         signals = _Signals()
         try:
-            launcher = control.launch(self.command, job_env(self.dir))
+            launcher = control.launch(self.command, control.job_env(self.dir))
         except FileNotFoundError:
             say(f"{PROG}: command not found: {self.command[0]}")
             return self._done(EXIT_NOT_FOUND, None)
@@ -334,6 +308,8 @@ class Watch:
                 self.finding = finding
             elif other is not None:
                 self._other_world_ended(other, job_code)
+            elif (failed := join_failures(self.joining.directory)) and not self.args.quiet:
+                say(f"{PROG}: {join_failure_line(failed, self.attempt, job_code)}")
             elif self.monitor.self_judged and not self.args.quiet:
                 say(f"{PROG}: {SELF_JUDGED}")
             elif self.monitor.unseen() and not self.args.quiet:  # said, never a verdict

@@ -17,13 +17,42 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
+import socket
 import subprocess
+import tempfile
 import time
 
+from ..core.nccl_env import nccl_env
 from . import jobdir
 from .leftovers import Guardian, ShmFiles
 from .timing import TIMING
+
+STARTUP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup")
+
+
+def job_env(directory: str) -> dict:
+    """The environment of a watched job: the start-up hook first on its path, its directory, this watch,
+    and the NCCL settings (core/nccl_env.py) where unset."""
+    env = dict(os.environ)
+    old = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = STARTUP_DIR + (os.pathsep + old if old else "")
+    env[jobdir.ENV_DIR] = directory
+    env[jobdir.ENV_PKG] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env[jobdir.ENV_WATCHER] = str(os.getpid())
+    env[jobdir.ENV_WATCHER_HOST] = socket.gethostname()
+    env.update(nccl_env(env))  # the Flight Recorder, NCCL's watchdog (core/nccl_env.py)
+    return env
+
+
+def job_dir() -> str:
+    """A private directory for one watched job, at a path short enough for its ranks' unix sockets."""
+    directory = tempfile.mkdtemp(prefix="pytest-nccl-watch-")
+    if len(directory) > 80:  # unix socket paths are short (108 bytes)
+        shutil.rmtree(directory, ignore_errors=True)
+        directory = tempfile.mkdtemp(prefix="pytest-nccl-watch-", dir="/tmp")
+    return directory
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36

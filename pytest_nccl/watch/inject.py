@@ -194,6 +194,9 @@ def _wrap_init_process_group() -> None:
         joining = _joining(real, args, kwargs, caller)
         try:
             return real(*args, **kwargs)
+        except Exception as exc:  # a restart that cannot form its group: the watch says so (outcome.py)
+            jobdir.note_join_failed(joining, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
+            raise
         finally:
             _unlink(joining)
             _started(created_by_pytest_nccl(caller))

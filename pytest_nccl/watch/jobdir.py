@@ -10,6 +10,7 @@ first, ``restart-N/`` for torchrun's N-th restart), per process PID and rank R:
 
     joining-PID.json while PID waits in ``init_process_group``: where, rank and world when known;
                      or in a side group's creation (``what`` "group": its name and store too)
+    joinfailed-PID.json  PID's ``init_process_group`` raised: its joining note with ``error``
     member-PID       empty: PID created a side group (a group outside ``init_process_group``)
 
     journal-R.txt    the tracer's journal (journal.py), from the moment the default group exists;
@@ -139,6 +140,22 @@ def ending(directory: str) -> str:
 
 def joining(directory: str, pid: int) -> str:
     return os.path.join(directory, f"joining-{pid}.json")
+
+
+def join_failed(directory: str, pid: int) -> str:
+    return os.path.join(directory, f"joinfailed-{pid}.json")
+
+
+def note_join_failed(joining_path: str | None, error: str) -> None:
+    """``init_process_group`` raised ``error``: the process's joining note, with it, stays as
+    joinfailed-PID.json (the joining note itself goes, as after every wait)."""
+    try:
+        note = read_json(joining_path) if joining_path else None
+        if joining_path and note is not None:
+            note["error"] = error[:300]
+            write_json(join_failed(os.path.dirname(joining_path), os.getpid()), note)
+    except Exception:  # a note for the watch, never an error of the user's call
+        pass
 
 
 def listdir(directory: str) -> list[str]:
@@ -273,6 +290,7 @@ class JoiningNote:
     local_world: int | None = None
     group: str = ""
     store: str = ""
+    error: str = ""                  # joinfailed-PID.json: what init_process_group raised
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -295,7 +313,7 @@ def _decode(cls, data, ints: tuple, optional: tuple):
     for name in optional:
         if name in values:
             values[name] = int_or(values[name])
-    for name in ("host", "backend", "site", "what", "group", "store"):
+    for name in ("host", "backend", "site", "what", "group", "store", "error"):
         if name in values and values[name] is None:
             values[name] = ""
     return cls(**values)

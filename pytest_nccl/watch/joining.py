@@ -47,3 +47,11 @@ class JoiningProcesses:
         """The line, once, for a side group whose members wait for one that has not connected
         (``outcome.side_group_notice``), from the last ``read``."""
         return side_group_notice(list(self.present.values()), now, timeout, self.noticed)
+
+
+def join_failures(directory: str) -> list:
+    """The notes (``jobdir.JoiningNote``, ``error`` set) of this attempt's processes whose
+    ``init_process_group`` raised, by rank."""
+    notes = [jobdir.JoiningNote.decode(jobdir.read_json(os.path.join(directory, name)))
+             for name in jobdir.listdir(directory) if name.startswith("joinfailed-") and name.endswith(".json")]
+    return sorted((n for n in notes if n is not None and n.error), key=lambda n: (n.rank is None, n.rank or 0))

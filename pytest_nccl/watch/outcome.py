@@ -189,6 +189,17 @@ def side_group_report(waiting: list, timeout: float) -> str:
     return "\n".join(lines)
 
 
+def join_failure_line(failed: list, attempt: int, job_code: int) -> str:
+    """'attempt 2: ranks 0,1 failed in init_process_group at t.py:9: DistStoreError: ... (the
+    launcher's exit status 1)': a (restarted) attempt whose ranks could not form their group."""
+    ranks = sorted({n.rank for n in failed if n.rank is not None})
+    who = (f"rank{'s' if len(ranks) > 1 else ''} {_shown(ranks)}" if ranks else
+           f"process{'es' if len(failed) > 1 else ''} {_shown([n.pid for n in failed])}")
+    site = next((n.site for n in failed if n.site), "")
+    return (f"attempt {attempt + 1}: {who} failed in init_process_group{f' at {site}' if site else ''}: "
+            f"{failed[0].error} (the launcher's exit status {job_code})")
+
+
 def _missing(waiting: list, noun: str) -> str:
     world = next((j.world for j in waiting if j.world), None)
     present = {j.rank for j in waiting if j.rank is not None}
