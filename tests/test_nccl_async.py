@@ -338,3 +338,22 @@ def test_the_models_watchdog_takes_a_rank_down_as_nccls_does(tmp_path):
         procs[1].wait()
     assert procs[0].returncode == -6, err  # SIGABRT
     assert "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE" in err, err
+
+
+def test_a_python_work_that_cannot_say_it_completed_is_taken_as_completed():
+    """A backend's Work written in Python without ``is_completed`` (torch's default never turns true
+    for it): its collectives must not read in flight for ever."""
+    out = run_fresh("""
+        import torch.distributed as dist
+        from pytest_nccl.rank.trace_completion import completed_work
+
+        class Silent(dist.distributed_c10d.Work):
+            pass
+
+        class Says(dist.distributed_c10d.Work):
+            def is_completed(self):
+                return False
+
+        print(completed_work(Silent()), completed_work(Says()))
+    """)
+    assert out.split() == ["True", "False"], out

@@ -70,11 +70,18 @@ def _on_cpu(value) -> bool:
 
 def completed_work(work) -> bool:
     """Whether a collective's work completed (gloo: once the call returned; NCCL: once its kernel ran
-    on the stream). A Work that cannot say, of a backend that is gone: completed."""
+    on the stream). A Work that cannot say (a backend's Python Work that does not define
+    ``is_completed``: torch's default never turns true for it; a backend that is gone): completed."""
+    cls = type(work)
+    if cls is not dist.Work and getattr(cls, "is_completed", None) is _BASE_IS_COMPLETED:
+        return True
     try:
         return bool(work.is_completed())
     except Exception:  # whatever the backend raises: nothing to wait for here
         return True
+
+
+_BASE_IS_COMPLETED = dist.Work.is_completed
 
 
 def returned_incomplete(trace: core.CallTrace, work, label: str, seq: int, index: int = -1) -> None:
