@@ -6,6 +6,9 @@ library only."""
 from __future__ import annotations
 
 import functools
+import importlib.util
+import os
+import re
 from collections.abc import Mapping
 from importlib import metadata
 
@@ -38,7 +41,18 @@ def nccl_env(environ: Mapping[str, str], torch_version: str | None = None) -> di
 
 @functools.lru_cache(maxsize=1)
 def installed_torch() -> str:
-    """The installed torch's version, read without importing it ("" when there is none)."""
+    """The installed torch's version, read without importing it ("" when there is none): from its
+    ``version.py`` (about 1 ms; the distribution's metadata, the fallback, scans every installed
+    package: about 30 ms, on the controller's start-up path)."""
+    try:
+        spec = importlib.util.find_spec("torch")
+        if spec is not None and spec.origin:
+            with open(os.path.join(os.path.dirname(spec.origin), "version.py")) as f:
+                found = re.search(r"""^__version__\s*=\s*['"]([^'"]+)""", f.read(), re.MULTILINE)
+            if found:
+                return found.group(1)
+    except (OSError, ImportError, ValueError):
+        pass
     try:
         return metadata.version("torch")
     except metadata.PackageNotFoundError:

@@ -105,7 +105,7 @@ class LaunchedGroup:
             torch.cuda.set_device(self.launch.local_rank)
             kwargs["device_id"] = torch.device("cuda", self.launch.local_rank)
             # this process is the rank: NCCL reads them when the group is made (core/nccl_env.py)
-            os.environ.update(nccl_env(os.environ))
+            os.environ.update(nccl_env(os.environ, torch.__version__))
         t0 = time.monotonic()
         try:
             base.set_timeout(datetime.timedelta(seconds=max(TIMING.group_wait_min, bound)))
