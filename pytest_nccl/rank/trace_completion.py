@@ -13,15 +13,15 @@ from __future__ import annotations
 import os
 import threading
 import time
-from time import perf_counter, perf_counter_ns
+from time import perf_counter
 
 import torch
 import torch.distributed as dist
 
+from ..core.journal import Line
 from . import trace_core as core
 
 FLUSH_EVERY = 0.02  # seconds a completed collective's C line waits at most for the next write
-Q_LINE = "Q\t{}\t{}\t{}e-9{}\n"  # a Q line from the label, seq, time in ns and "\t<i>" (or "")
 _flusher_pid = None
 
 
@@ -89,9 +89,8 @@ def returned_incomplete(trace: core.CallTrace, work, label: str, seq: int, index
     flusher writes its C line when the work completes."""
     if not _poll_device:
         _poll_device.append(_cuda_device())
-    suffix = "" if index < 0 else f"\t{index}"
     trace.in_flight[id(work) if index < 0 else (id(work), index)] = (work, label, seq, index, True)
-    line = Q_LINE.format(label, seq, perf_counter_ns() - trace.t0_ns, suffix).encode()
+    line = core.record_line(Line.IN_FLIGHT, trace, label, seq, index)
     with core._fd_lock:
         os.write(trace.fd, core.take_pending(trace) + line)
 
@@ -121,8 +120,7 @@ def _poll_in_flight(trace: core.CallTrace) -> None:
     for key, (work, label, seq, index, _) in list(trace.in_flight.items()):
         if completed_work(work):
             trace.in_flight.pop(key, None)
-            suffix = "" if index < 0 else f"\t{index}"
-            done += f"C\t{label}\t{seq}\t{perf_counter_ns() - trace.t0_ns}e-9{suffix}\n".encode()
+            done += core.record_line(Line.COMPLETED, trace, label, seq, index)
     if done:
         with core._fd_lock:
             os.write(trace.fd, core.take_pending(trace) + done)

@@ -23,7 +23,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from ..core.agreement import signature
 from ..core.groups import GroupId, rank_ranges
-from ..core.journal import JournalWriter
+from ..core.journal import JournalWriter, Line
 
 
 class GroupTrace:
@@ -46,7 +46,8 @@ class GroupTrace:
         self.label_b, self.p2p_label_b = label.encode(), self.p2p_label.encode()
         # the group's own sequence number (the Flight Recorder's collective_seq_id), bound once
         self.fr_seq: Callable[[], int] | None = getattr(pg, "_get_sequence_number_for_group", None)
-        self.early = -1  # whether its calls may return before their work completed (trace_completion)
+        self.early = -1  # whether its calls may return before their work completed: not known yet
+        # (trace_completion.UNKNOWN; learned at its first call)
 
 
 class CallTrace:
@@ -382,8 +383,15 @@ def enter(trace: CallTrace, g: GroupTrace, name: str, async_op: bool, fields: tu
     return label, seq
 
 
+def record_line(kind: Line, trace: CallTrace, label: str, seq: int, index: int = -1) -> bytes:
+    """A line about record (``label``, ``seq``) now: its W, Q or C line, for one transfer of a batch
+    (``index``) or for the whole record."""
+    suffix = "" if index < 0 else f"\t{index}"
+    return f"{kind.value}\t{label}\t{seq}\t{perf_counter_ns() - trace.t0_ns}e-9{suffix}\n".encode()
+
+
 def completed_line(trace: CallTrace, label: str, seq: int) -> bytes:
-    return f"C\t{label}\t{seq}\t{perf_counter_ns() - trace.t0_ns}e-9\n".encode()
+    return record_line(Line.COMPLETED, trace, label, seq)
 
 
 def completed(trace: CallTrace, label: str, seq: int) -> None:

@@ -111,7 +111,7 @@ def {name}({params}):
         local.work = None  # not held: its tensors are the job's
     if async_op_ and result is not None:
         pend(trace, g, value, result, label, seq, ({pos}))
-    elif work is not None and g.early != 0 and incomplete(g, value, work):  # NCCL: enqueued, not run yet
+    elif work is not None and g.early != ON_RETURN and incomplete(g, value, work):  # NCCL: enqueued, not run
         returned_incomplete(trace, work, label, seq)
     else:  # written with the next line, or by the flusher thread (trace_completion.FLUSH_EVERY)
         trace.pending = c_line % (c_start, seq, perf_counter_ns() - trace.t0_ns)
@@ -194,6 +194,7 @@ def _wrap(name: str, fn):
         "mid_sync": f"\t{name}\t0\t".encode(), "mid_async": f"\t{name}\t1\t".encode(), "write": os.write,
         "c_line": core.C_LINE, "pend": _pend, "composite": name in COMPOSITE,
         "incomplete": completion.incomplete, "returned_incomplete": completion.returned_incomplete,
+        "ON_RETURN": completion.ON_RETURN,
     }
     exec(compile(source, __file__, "exec"), namespace)  # frames in this file: no call site, no stack line
     traced = namespace[name]
@@ -212,7 +213,7 @@ def _wrap(name: str, fn):
 _RESERVED = frozenset({"trace", "g", "async_op_", "value", "found", "key", "described", "extra", "data",
                        "plain", "seq", "label", "e_line", "c_start", "fr_seq", "now", "frame", "site", "line",
                        "pending",
-                       "result", "work", "incomplete", "returned_incomplete",
+                       "result", "work", "incomplete", "returned_incomplete", "ON_RETURN",
                        "core", "local", "fn", "Tensor", "memo", "keyed", "describe_call", "p2p", "crc32",
                        "perf_counter_ns", "site_of", "getframe", "E_LINE", "E_LINE_NO_FR", "mid_sync", "mid_async",
                        "write", "c_line", "pend", "composite"})
