@@ -159,7 +159,7 @@ class ModelWork(dist.distributed_c10d.Work):
 
 # ops whose ranks must agree on the element count, and each op's code in the agreement check
 _OPS = {"allreduce": 1, "broadcast": 2, "allgather": 3, "_allgather_base": 4, "reduce_scatter": 5,
-        "_reduce_scatter_base": 6, "reduce": 7, "barrier": 8, "alltoall_base": 9, "gather": 10, "scatter": 11}
+        "_reduce_scatter_base": 6, "reduce": 7, "barrier": 8, "alltoall_base": 9}
 
 
 class ModelGroup(dist.ProcessGroup):

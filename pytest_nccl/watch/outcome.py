@@ -181,7 +181,7 @@ def _side_group_line(waiting: list, timeout: float) -> str:
 def side_group_report(waiting: list, timeout: float) -> str:
     """A side group's verdict as every verdict reads: its headline, then where each member that
     joined waits (rank, pid, the line that created the group)."""
-    joined, never, name, store, _ = _side_group_facts(waiting)
+    _, never, name, _, _ = _side_group_facts(waiting)
     lines = [_side_group_line(waiting, timeout).removesuffix("; ending the job"), "",
              f"-- where each member of group {name} is --"]
     lines += [f"  member {j.rank} (pid {j.pid}): waits for members {_shown(never)} in its creation"

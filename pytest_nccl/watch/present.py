@@ -30,7 +30,8 @@ def headline(finding: CallOutcome, timeout: float | None = None) -> str:
 
 
 def banner(prog: str, title: str) -> str:
-    """The line that opens every verdict's report: 'diagnosed (rank-left)', 'diagnosed (side-group)'."""
+    """The line that opens every verdict's report: 'diagnosed (rank-left)', 'diagnosed (rendezvous,
+    side group)'."""
     return f"\n{'=' * 20} {prog}: {title} {'=' * 20}"
 
 
