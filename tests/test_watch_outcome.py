@@ -134,6 +134,20 @@ def test_ranks_that_vanished_with_a_successful_launcher_ended_with_the_job(tmp_p
         assert {v.status for v in finding.views} == {RankState.DEAD} and finding.diagnosis.kind == DIED
 
 
+def test_ranks_that_came_and_went_before_the_first_scan_are_judged(tmp_path):
+    """A job of a second can start and die between two of the watch's scans (a rank's gloo abort
+    right after init): the journals it left are judged when the launcher returns, not ignored."""
+    d = str(tmp_path)
+    _vanished_ranks(d)
+    monitor = Monitor(d, timeout=60.0)
+    try:
+        finding = monitor.after_exit(1.0, launcher_ok=False)  # no poll: the ranks were never seen alive
+    finally:
+        monitor.close()
+    assert finding is not None and finding.diagnosis.kind == DIED
+    assert sorted(monitor.ranks) == [0, 1]
+
+
 def test_a_rank_whose_exit_record_comes_between_two_reads_is_judged_on_its_whole_journal(tmp_path, monkeypatch):
     """A rank writes its collective's completion, then its exit record; when both land between the
     watch's read of its journal and its look for the record, the record must not make its last

@@ -298,6 +298,7 @@ class Monitor:
         status the watch saw it end with: Ray ends its actors so once the driver is done (SIGTERM,
         which Ray's handler turns into status 1, or a quick exit from C++), and a script may end
         with ``os._exit(0)``. Not a rank that died."""
+        self._discover(now)  # ranks that came and went between two scans (a job of a second)
         if self.referee is None or self.self_judged:
             return None
         for f in self.ranks.values():
