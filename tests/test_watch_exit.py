@@ -2,7 +2,7 @@
 16 nodes, watches dead of SIGABRT after the job ended). The monitor's connect thread and the relay
 call torch's C++ with the GIL released; one that returned while the interpreter finalized was ended
 by ``pthread_exit``, whose unwinding through those frames called ``std::terminate``. The exit now
-waits for the calls under way and lets none start (``channel.IN_TORCH``). Also the whole job: 16
+waits for the calls under way and lets none start (``channel_store.IN_TORCH``). Also the whole job: 16
 one-rank torchrun "nodes" on one host, each under its own watch, every one exiting 0."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 from conftest import assert_no_leftovers
 from watch_support import free_port, job_env
 
-from pytest_nccl.watch.channel import _InTorch
+from pytest_nccl.watch.channel_store import _InTorch
 
 REPO = Path(__file__).resolve().parents[1]
 

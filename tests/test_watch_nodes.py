@@ -23,7 +23,7 @@ from pytest_nccl.core.agreement import Digest
 from pytest_nccl.core.messages import AgentRequest
 from pytest_nccl.core.reports import RankReport
 from pytest_nccl.core.states import RankState
-from pytest_nccl.watch.channel import KEEP_CHUNKS, Channel
+from pytest_nccl.watch.channel import Ask, Channel, Details, RankSummary
 from pytest_nccl.watch.jobdir import RankInfo
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,55 +91,70 @@ class FakeStore:
         return self.data.pop(key, None) is not None
 
 
-def test_journal_chunks_reach_the_other_watch_and_the_store_keeps_a_bounded_tail():
-    store = FakeStore()
-    mine, theirs = Channel(store, "job/0"), Channel(store, "job/0")
-    mine.push(3, b"E\t...\n")
-    count, data = theirs.pull(3, 0)
-    assert (count, data) == (1, b"E\t...\n")
-    for i in range(KEEP_CHUNKS + 10):
-        mine.push(3, b"%d\n" % i)
-    count, data = theirs.pull(3, 1)
-    assert count == KEEP_CHUNKS + 11
-    assert data.startswith(b"10\n") and data.endswith(b"%d\n" % (KEEP_CHUNKS + 9))  # the first 10 are gone
-    assert sum(key.startswith("pytest-nccl-watch/job/0/journal/3/") for key in store.data) == KEEP_CHUNKS + 1
+class MultiGetStore(FakeStore):
+    """torch 2.6 on: ``multi_get``, which waits for a missing key as ``get`` does."""
+
+    def multi_get(self, keys):
+        return [self.data[k] for k in keys]
 
 
-def test_exit_reports_progress_info_and_the_verdict_travel_whole():
+def test_a_node_summary_reaches_the_deciding_watch_and_is_set_only_when_it_changed():
+    for store in (FakeStore(), MultiGetStore()):
+        deciding, other = Channel(store, "job/0"), Channel(store, "job/0")
+        node = other.join()
+        summary = {3: RankSummary(120, {"default": 2}, (("0", 5, 4),), None)}
+        other.publish_summary(node, summary)
+        key = other._k("node", node, "summary")
+        store.data[key] = b"{}"  # a set again would put it back
+        other.publish_summary(node, {3: RankSummary(120, {"default": 2}, (("0", 5, 4),), None)})
+        assert store.data[key] == b"{}"
+        other.publish_summary(node, summary | {4: RankSummary(7)})
+        assert deciding.summaries([node, node + 1]) == {node: summary | {4: RankSummary(7)}}  # node+1: none yet
+
+
+def test_info_and_the_verdict_travel_whole():
     store = FakeStore()
     mine, theirs = Channel(store, "job/0"), Channel(store, "job/0")
-    report = RankReport(2, RankState.DEAD, signal_name="SIGABRT", stack="Fatal Python error: Aborted",
-                        digest={"default": Digest(1, 2)})
-    mine.publish_exit(report)
-    assert theirs.exit_report(2) == report and theirs.exit_report(1) is None
-    mine.publish_progress(2, (("0", 5, 4),))
-    assert theirs.progress(2) == (("0", 5, 4),)
     mine.publish_info(2, {"rank": 2, "host": "node1"})
     assert theirs.info(2) == {"rank": 2, "host": "node1"}
-    mine.publish_verdict({"headline": "x"})
-    assert theirs.verdict() == {"headline": "x"}
+    report = RankReport(2, RankState.DEAD, signal_name="SIGABRT", digest={"default": Digest(1, 2)})
+    mine.publish_verdict({"report": report})
+    assert theirs.verdict() == {"report": report}
     assert Channel(store, "job/1").verdict() is None  # another attempt of the launcher: other keys
 
 
-def test_a_question_for_a_rank_is_answered_by_its_node_s_watch():
-    store = FakeStore()
+def test_a_question_to_a_node_is_answered_by_its_watch_with_the_deciding_watch_s_bases():
+    store = MultiGetStore()
     asking, owning = Channel(store, "j/0"), Channel(store, "j/0")
+    asking.publish_bases({"default": 100})
+    node = owning.join()
+    assert owning.questions(node) == ([], {"default": 100})  # one call a tick when nobody asks
 
     def serve():
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
-            for number, request in owning.questions(1):
-                owning.answer(1, number, {"stack": f"answer to {request}"})
+            questions, _ = owning.questions(node)
+            for number, question in questions:
+                owning.answer(node, number, {"stack": f"rank {question.rank}: {question.request.value}"})
                 return
             time.sleep(0.01)
     server = threading.Thread(target=serve)
     server.start()
-    assert asking.ask(1, AgentRequest.DUMP, timeout=5) == {"stack": "answer to dump"}
+    assert asking.ask(node, Ask(5, AgentRequest.DUMP), timeout=5) == {"stack": "rank 5: dump"}
     server.join()
-    assert asking.ask(2, AgentRequest.DUMP, timeout=0.1) is None  # nobody answers for rank 2
-    store.set(owning._k("ask", 3, "count"), b"1")  # a word of another version: read, not an error
-    store.set(owning._k("ask", 3, 0), b"stacks-please")
-    assert owning.questions(3) == [(0, None)]
+    assert owning.questions(node) == ([], {"default": 100})  # answered once
+    assert asking.ask(node + 1, Ask(9, AgentRequest.DUMP), timeout=0.1) is None  # no watch there
+    store.set(owning._k("node", node, "asks"), b"2")  # a value of another version: read, not an error
+    store.set(owning._k("node", node, "ask", 1), b"stacks-please")
+    assert owning.questions(node) == ([], {"default": 100})
+
+
+def test_the_store_calls_are_counted():
+    from pytest_nccl.watch.channel_store import STATS
+    before = STATS.calls, STATS.bytes_out
+    channel = Channel(FakeStore(), "j/0")
+    channel.publish_info(1, {"rank": 1})
+    assert STATS.calls == before[0] + 1 and STATS.bytes_out > before[1]
 
 
 def test_a_store_that_went_away_makes_the_channel_lost_not_an_error():
@@ -147,9 +162,9 @@ def test_a_store_that_went_away_makes_the_channel_lost_not_an_error():
         def add(self, key, n):
             raise RuntimeError("Connection reset by peer")
     channel = Channel(Gone(), "j/0")
-    assert channel.pull(0, 0) == (0, b"") and channel.lost
-    assert channel.ask(0, AgentRequest.DUMP, 1.0) is None and channel.exit_report(0) is None
-    channel.push(0, b"x")  # no error either
+    assert channel.watches() == 0 and channel.lost
+    assert channel.ask(1, Ask(0, AgentRequest.DUMP), 1.0) is None and channel.summaries([1]) == {}
+    channel.publish_summary(1, {0: RankSummary()})  # no error either
 
 
 def test_a_store_hiccup_is_retried_on_a_fresh_client_and_the_channel_stays():
@@ -158,11 +173,11 @@ def test_a_store_hiccup_is_retried_on_a_fresh_client_and_the_channel_stays():
     store = FakeStore()
 
     class Broken(FakeStore):
-        def add(self, key, n):
+        def check(self, keys):
             raise RuntimeError("Broken pipe")
-    Channel(store, "j/0").push(1, b"E\t...\n")
+    Channel(store, "j/0").publish_summary(1, {0: RankSummary(5)})
     channel = Channel(Broken(), "j/0", reopen=lambda: store)
-    assert channel.pull(1, 0) == (1, b"E\t...\n") and not channel.lost and channel.errors == 1
+    assert channel.summaries([1]) == {1: {0: RankSummary(5)}} and not channel.lost and channel.errors == 1
 
 
 def test_a_store_gone_for_good_is_found_so_once_and_at_once():
@@ -172,7 +187,7 @@ def test_a_store_gone_for_good_is_found_so_once_and_at_once():
     itself: node 1's watch ended a clean job 50-130 s late (the soak failed it past 120 s). Now a
     fresh client that cannot be had (nothing listens there) ends the channel at once, and a call
     that waited for the lock does not try again."""
-    from pytest_nccl.watch.channel import _store
+    from pytest_nccl.watch.channel_store import make_store
 
     calls, reopened = [], []
 
@@ -182,8 +197,8 @@ def test_a_store_gone_for_good_is_found_so_once_and_at_once():
             time.sleep(0.3)  # the other thread asks meanwhile, and waits for the lock
             raise RuntimeError("Connection reset by peer")
     channel = Channel(Gone(), "j/0", reopen=lambda: reopened.append(1))
-    second = threading.Thread(target=channel.pull, args=(0, 0))
-    first = threading.Thread(target=channel.pull, args=(1, 0))
+    second = threading.Thread(target=channel.watches)
+    first = threading.Thread(target=channel.synced_watches)
     first.start()
     time.sleep(0.1)
     second.start()
@@ -192,30 +207,53 @@ def test_a_store_gone_for_good_is_found_so_once_and_at_once():
     assert channel.lost and len(calls) == 1 and len(reopened) == 1, (calls, reopened)
     port = free_port()  # nothing listens there
     t0 = time.monotonic()
-    assert _store("127.0.0.1", port, 5.0) is None
+    assert make_store("127.0.0.1", port, 5.0) is None
     assert time.monotonic() - t0 < 5.0  # it took 10-12 s
 
 
-def test_the_deciding_watch_judges_after_every_watch_published_up_to_now():
-    """Before judging, the deciding watch asks the others to publish what their ranks wrote up to now
-    and waits for each (a loaded host: a relay seconds behind the rank that entered the diverging
-    collective gave a one-node verdict); its own relay answers too."""
+class NodeRanks:
+    """What a relay reads of its node's ranks, on data: rank -> summary."""
+
+    def __init__(self, summaries: dict):
+        self.summaries, self.kept_from = summaries, None
+
+    def local_ranks(self):
+        return dict.fromkeys(self.summaries)
+
+    def summary(self, rank):
+        return self.summaries[rank]
+
+    def details(self, rank, bases):
+        return Details([f"records of rank {rank} after {bases}"], self.summaries[rank])
+
+    def keep_from(self, bases):
+        self.kept_from = bases
+
+
+def test_the_deciding_watch_reads_each_node_s_summary_and_asks_it_for_records():
+    """Node 1's relay publishes its ranks' summary, keeps its window from the deciding watch's bases,
+    and answers for its ranks' records; the deciding watch reads summaries only (two calls a tick)."""
     from pytest_nccl.watch.nodes import Nodes
-    store = FakeStore()
-    deciding = Nodes(Channel(store, "j/0"), local=lambda: {}, ended=lambda rank: None)
-    other = Nodes(Channel(store, "j/0"), local=lambda: {}, ended=lambda rank: None)
+    store = MultiGetStore()
+    deciding_channel = Channel(store, "j/0")
+    deciding_channel.publish_bases({"default": 100})
+    deciding = Nodes(deciding_channel, NodeRanks({0: RankSummary(1)}), decides=lambda: True)
+    ranks = NodeRanks({2: RankSummary(10, {"default": 150}), 3: RankSummary(11, {"default": 150})})
+    other = Nodes(Channel(store, "j/0"), ranks, decides=lambda: False)
     try:
-        t0 = time.monotonic()
         deciding.await_synced(1, time.monotonic() + 5)
-        assert deciding.channel.flush_requests() == 1 and deciding.channel.flushed_watches(1) == 2
-        assert time.monotonic() - t0 < 5
+        assert deciding.summaries() == {2: RankSummary(10, {"default": 150}), 3: RankSummary(11, {"default": 150})}
+        assert ranks.kept_from == {"default": 100}
+        answer = deciding.ask(3, Ask(3, details=True, bases={"default": 120}), timeout=5)
+        assert answer == Details(["records of rank 3 after {'default': 120}"], RankSummary(11, {"default": 150}))
+        assert deciding.ask(7, Ask(7, AgentRequest.DUMP), timeout=0.1) is None  # no node runs rank 7
     finally:
         other.close()
         deciding.close()
 
 
 def test_a_watch_in_sync_is_waited_for_past_agree_wait(monkeypatch):
-    """A loaded host: the other watch is in sync but its relay answers the flush request only after
+    """A loaded host: the other watch joined but publishes its first summary only after
     ``agree_wait``. The deciding watch waits for it (a verdict late, not blind: judged without the
     other node's records, a cross-node shape mismatch read as gloo's bare message; soak, load 10)."""
     import dataclasses
@@ -223,19 +261,19 @@ def test_a_watch_in_sync_is_waited_for_past_agree_wait(monkeypatch):
     from pytest_nccl.watch import nodes
     monkeypatch.setattr(nodes, "TIMING", dataclasses.replace(nodes.TIMING, agree_wait=0.2))
     store = FakeStore()
-    deciding = nodes.Nodes(Channel(store, "j/0"), local=lambda: {}, ended=lambda rank: None)
-    slow = Channel(store, "j/0")  # the other watch: joined and in sync, no relay thread of its own yet
+    deciding = nodes.Nodes(Channel(store, "j/0"), NodeRanks({}), decides=lambda: True)
+    slow = Channel(store, "j/0")  # the other watch: joined, no relay thread of its own yet
     slow.join()
-    slow.synced()
 
-    def answer_late():
+    def sync_late():
         time.sleep(0.8)
-        slow.flushed(slow.flush_requests())
-    late = threading.Thread(target=answer_late)
+        slow.synced()
+    late = threading.Thread(target=sync_late)
     late.start()
     try:
+        t0 = time.monotonic()
         deciding.await_synced(1, time.monotonic())
-        assert deciding.channel.flushed_watches(1) == 2
+        assert slow.synced_watches() == 1 and time.monotonic() - t0 >= 0.7
     finally:
         late.join()
         deciding.close()
@@ -349,12 +387,15 @@ def test_a_lost_channel_makes_the_other_node_s_ranks_unseen_never_a_hang(tmp_pat
     monitor = Monitor(str(tmp_path), TIMEOUT, connect=lambda info, decides: None)
     try:
         channel = Channel(FakeStore(), "j/0")
-        rank0 = Followed(0, RemoteRank(0, RankInfo(rank=0), channel))
+        silent = SimpleNamespace(ask=lambda rank, question, timeout: None)  # its node does not answer
+        rank0 = Followed(0, RemoteRank(0, RankInfo(rank=0), silent))
         rank0.records = [record(0, i, t=i) for i in range(1, 8)] + [record(0, 8, state="entered", t=8)]
-        rank1 = Followed(1, RemoteRank(1, RankInfo(rank=1), channel))  # as good as this node's: it completed #8
+        rank1 = Followed(1, RemoteRank(1, RankInfo(rank=1), silent))  # as good as this node's: it completed #8
         rank1.records, rank1.state = [record(1, i, t=i) for i in range(1, 9)], RankState.PASSED
+        for f in (rank0, rank1):
+            f.source.fetched = f.source.summary  # its records are as fresh as its summary
         monitor.ranks, monitor.world, monitor.node_count = {0: rank0, 1: rank1}, 2, 2
-        monitor.nodes = SimpleNamespace(channel=channel, close=lambda: None)  # type: ignore[assignment]
+        monitor.nodes = SimpleNamespace(channel=channel, decides=True, close=lambda: None)  # type: ignore[assignment]
 
         def judged_at(now: float) -> Reason | None:
             referee = Referee(2, TIMEOUT, 0.0, rolling=True)
@@ -369,6 +410,6 @@ def test_a_lost_channel_makes_the_other_node_s_ranks_unseen_never_a_hang(tmp_pat
         monitor._lose_sight()
         assert monitor.unseen() == [0] and monitor.view.journals()[0] == []
         assert judged_at(300) is None
-        assert monitor._report(0, None).state == RankState.UNSEEN
+        assert monitor.report(0, None).state == RankState.UNSEEN
     finally:
         monitor.close()

@@ -88,9 +88,9 @@ def test_ranks_never_seen_are_outside_only_once_a_collective_completed(tmp_path)
             f.records = [record(r, 1, state=RecordState.ENTERED)]
         monitor.ranks, monitor.world, monitor.referee = ranks, 4, Referee(4, 8.0, 0.0)
         monitor._ranks_elsewhere()
-        assert not monitor.other_nodes and monitor._report(2, None).state == RankState.NOT_STARTED
+        assert not monitor.other_nodes and monitor.report(2, None).state == RankState.NOT_STARTED
         ranks[1].records = [record(1, 1), record(1, 2, state=RecordState.ENTERED)]
         monitor._ranks_elsewhere()
-        assert monitor.other_nodes and monitor._report(2, None).state == RankState.UNSEEN
+        assert monitor.other_nodes and monitor.report(2, None).state == RankState.UNSEEN
     finally:
         monitor.close()

@@ -16,7 +16,7 @@ from ..core.messages import AgentRequest
 from ..core.reports import RankReport
 from ..core.states import RankState
 from . import jobdir
-from .channel import Channel
+from .channel import Ask, RankSummary
 from .jobdir import RankInfo
 
 READ_CHUNK = 8 << 20      # bytes of one journal read in one tick at most
@@ -150,43 +150,51 @@ class LocalRank:
 
 
 class RemoteJournal:
-    """A rank's journal as its node's watch publishes it in the channel, read like a ``JournalFile``."""
+    """A rank's journal on another node, as the deciding watch knows it: how much of it its node's
+    watch read (its summary); its records come as ``Details``, when a rule reads them."""
 
     truncated = False  # a restarted rank is followed by its watch under a new attempt: never here
 
-    def __init__(self, channel: Channel, rank: int):
-        self.channel, self.rank = channel, rank
-        self.chunks = 0
+    def __init__(self):
         self.consumed = 0
 
     def read(self) -> bytes:
-        self.chunks, data = self.channel.pull(self.rank, self.chunks)
-        self.consumed += len(data)
-        return data
+        return b""
 
     def close(self) -> None:
         pass
 
 
 class RemoteRank:
-    """A rank of another node, as that node's watch publishes it in the channel: its process is not
-    this watch's to see, so how it ended is what its watch says (``exit_report``)."""
+    """A rank of another node, as that node's watch summarizes it (``summary``) and answers for it
+    (``nodes``: ``Nodes.ask``): its process is not this watch's to see, so how it ended is what its
+    watch says (``exit_report``)."""
 
     remote = True
     exit_code = None
 
-    def __init__(self, rank: int, info: RankInfo, channel: Channel):
-        self.rank, self.info, self.channel = rank, info, channel
-        self.journal = RemoteJournal(channel, rank)
+    def __init__(self, rank: int, info: RankInfo, nodes):
+        self.rank, self.info, self.nodes = rank, info, nodes
+        self.journal = RemoteJournal()
+        self.summary = RankSummary()
+        self.fetched: RankSummary | None = None   # the summary its records were last asked at
+
+    @property
+    def stale(self) -> bool:
+        """Its records are older than its summary."""
+        return self.fetched != self.summary
 
     def ask(self, request: AgentRequest, timeout: float) -> dict | None:
-        return self.channel.ask(self.rank, request, timeout)
+        return self.nodes.ask(self.rank, Ask(self.rank, request), timeout)
 
     def gone(self) -> bool:
         return False
 
     def exit_report(self) -> RankReport | None:
-        return self.channel.exit_report(self.rank)
+        try:
+            return RankReport.from_json(self.summary.exit) if self.summary.exit else None
+        except (ValueError, TypeError):
+            return None
 
     def fatal(self) -> str:
         return ""  # in its exit report already
@@ -217,11 +225,13 @@ class Followed:
         return self.source.ask(request, timeout)
 
 
-def ask_all(followed: list, request: AgentRequest, timeout: float) -> dict:
-    """Ask several ranks at once; rank -> answer (None when it did not answer in time)."""
+def ask_all(followed: list, request: AgentRequest | None, timeout: float, call=None) -> dict:
+    """Ask several ranks at once (``call(f)``: instead of asking ``request`` of its agent); rank ->
+    answer (None when it did not answer in time)."""
     answers: dict = {}
-    threads = [threading.Thread(target=lambda f=f: answers.__setitem__(f.rank, f.ask(request, timeout)),
-                                daemon=True) for f in followed]
+    call = call or (lambda f: f.ask(request, timeout))
+    threads = [threading.Thread(target=lambda f=f: answers.__setitem__(f.rank, call(f)), daemon=True)
+               for f in followed]
     for t in threads:
         t.start()
     for t in threads:

@@ -28,11 +28,13 @@ class FollowedJob(Protocol):
     world: int
     window: Window
 
-    def _read(self, f: Followed) -> None: ...
+    def read(self, f: Followed) -> None: ...
 
-    def _finished(self, now: float) -> None: ...
+    def finished(self, now: float) -> None: ...
 
-    def _report(self, r: int, answer: dict | None) -> RankReport: ...
+    def report(self, r: int, answer: dict | None) -> RankReport: ...
+
+    def fresh_records(self) -> None: ...
 
 
 class JobView:
@@ -45,6 +47,7 @@ class JobView:
 
     # -- the referee's CallView --------------------------------------------------------------------------
     def journals(self) -> dict:
+        self.m.fresh_records()  # another node's ranks: asked of their nodes when read
         ranks = self.m.ranks  # a rank this watch lost sight of is where it was last seen: no evidence
         return {r: ranks[r].records if r in ranks and not ranks[r].unseen else [] for r in range(self.m.world)}
 
@@ -72,8 +75,8 @@ class JobView:
     def receive(self, until: float) -> None:
         time.sleep(max(0.0, until - time.monotonic()))
         for f in [f for f in self.m.ranks.values() if f.state is None]:
-            self.m._read(f)
-        self.m._finished(time.monotonic())
+            self.m.read(f)
+        self.m.finished(time.monotonic())
 
     def dumps(self, reason: Reason, live: list[int]) -> Dumps:
         followed = [f for f in self.m.ranks.values() if f.state is None]
@@ -93,7 +96,7 @@ class JobView:
         pass  # the job is the watch's caller's to end (or to keep running)
 
     def reports(self, reason: Reason, running: dict[int, RankReport]) -> dict[int, RankReport]:
-        return {r: self.m._report(r, self.answers.get(r)) for r in range(self.m.world)}
+        return {r: self.m.report(r, self.answers.get(r)) for r in range(self.m.world)}
 
     def final_journals(self, reports: dict[int, RankReport], dumps: Dumps) -> dict:
         """The window of every rank; a rank still running that waits in no traced collective may wait

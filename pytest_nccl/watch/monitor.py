@@ -26,15 +26,17 @@ from ..core.referee import Referee
 from ..core.reports import CallOutcome, RankReport
 from ..core.states import RankState, Reason, RecordState
 from . import jobdir
+from .acrossnodes import AcrossNodes
 from .channel import CONNECT_WAIT
 from .channel import connect as channel_connect
+from .debug import debug as _debug
 from .follow import Followed, LocalRank, RemoteRank, fr_progress
 from .jobdir import RankInfo
 from .jobview import JobView
 from .nodes import Nodes
 from .rankreport import ON_ANOTHER_NODE, OUTSIDE, report_of
 from .timing import TIMING
-from .window import Window
+from .window import REMOTE_KEEP, Window
 
 # The rules' timing for a job: once decided, a rank outside any collective gets 2 s (the test modes:
 # 0.3 s) to reach it before the report says where each rank is. A job's ranks run real steps between
@@ -65,6 +67,9 @@ class Monitor:
         self._stop = threading.Event()
         self._connecting = threading.Event()  # the channel to the other nodes is being opened
         self._prewarmed = False
+        # the window's reads and trims on the loop's thread, the relay's answers on its own
+        self.lock = threading.RLock()
+        self.across = AcrossNodes(self)     # what crosses the channel, from this monitor's side
         self._poller = threading.Thread(target=self._poll_status, name="pytest-nccl-watch-status", daemon=True)
         self._poller.start()
 
@@ -88,12 +93,17 @@ class Monitor:
             self._discover(now)
         if self.referee is None or self.self_judged:
             return None
-        for f in list(self.ranks.values()):
-            self._read(f)
-        self._ranks_elsewhere()
-        self.window.trim(self.ranks, self.world)
-        self._finished(now)
+        with self.lock:
+            for f in list(self.ranks.values()):
+                self.read(f)
+            if self.nodes is not None and self.nodes.decides:
+                self.across.summaries(self.nodes)
+            self._ranks_elsewhere()
+            self.window.trim(self.ranks, self.world)
+        self.finished(now)
         self._lose_sight()
+        if self.follows_only:
+            return None
         reason = self._driver().step(now)
         if reason is not None:
             _debug(f"referee: {reason}")
@@ -122,13 +132,6 @@ class Monitor:
                 self._first_rank(info, now)
             if self.nodes is not None:
                 self.nodes.channel.publish_info(rank, info.to_dict())
-        if self.nodes is not None:
-            for rank in range(self.world):
-                if rank not in self.ranks:
-                    info = RankInfo.decode(self.nodes.channel.info(rank))
-                    if info is not None:
-                        self.ranks[rank] = Followed(rank, RemoteRank(rank, info, self.nodes.channel))
-                        _debug(f"rank {rank} joined on another node: pid {info.pid} on {info.host}")
 
     def _prewarm(self, names: list) -> None:
         """A process of a job on several nodes waits for its peers: import torch now, in the
@@ -167,7 +170,10 @@ class Monitor:
                 return
             for rank, f in self.local_ranks().items():
                 channel.publish_info(rank, f.info.to_dict())
-            self.nodes = Nodes(channel, self.local_ranks, self._ended_report)
+            nodes = Nodes(channel, self.across, lambda: 0 in self.local_ranks())
+            if nodes.decides:  # other nodes' records are asked for when read: a window of that size
+                self.window.keep = REMOTE_KEEP
+            self.nodes = nodes
         except Exception as exc:  # said, and on with what this watch sees itself
             _debug(f"the channel to the other nodes: {type(exc).__name__}: {exc}")
         finally:
@@ -176,18 +182,32 @@ class Monitor:
     def local_ranks(self) -> dict:
         return {r: f for r, f in list(self.ranks.items()) if f.local}
 
-    def _ended_report(self, rank: int) -> RankReport | None:
-        """How a rank of this node ended, all this watch can tell of it; None while it runs."""
-        f = self.ranks.get(rank)
-        return self._report(rank, None) if f is not None and f.state is not None else None
+    @property
+    def follows_only(self) -> bool:
+        """Another node's watch decides, and the channel to it holds: this one follows its own ranks
+        for it, and gives no verdict of its own (``Nodes``)."""
+        return self.nodes is not None and not self.nodes.decides and not self.nodes.channel.lost
 
-    def _read(self, f: Followed) -> None:
-        self.window.read(f)
+    def fresh_records(self, ranks: list | None = None) -> None:
+        """The deciding watch: the other nodes' ranks' records, fresh (``AcrossNodes``)."""
+        if self.nodes is not None and self.nodes.decides:
+            self.across.fresh_records(self.nodes, ranks)
 
-    def _finished(self, now: float) -> None:
+    def read(self, f: Followed) -> None:
+        with self.lock:
+            self.window.read(f)
+
+    def finished(self, now: float) -> None:
+        # another node's ranks that ended: what they did before, before they count as ended
+        ended = [f for f in self.ranks.values() if f.state is None and isinstance(f.source, RemoteRank)
+                 and f.source.summary.exit is not None]
+        if ended:
+            self.fresh_records([f.rank for f in ended])
         for f in self.ranks.values():
             if f.state is not None:
                 continue
+            if isinstance(f.source, RemoteRank) and f.source.summary.exit is not None and f.source.stale:
+                continue  # its node did not answer yet: next tick
             record = f.source.exit_report()
             if record is None and f.source.gone():
                 record = f.source.exit_report()  # written just before
@@ -197,7 +217,7 @@ class Monitor:
                 continue
             # its journal again: the lines it wrote before its exit record may have come after this
             # tick's read (a rank that passed would look as if it left its last collective pending)
-            self._read(f)
+            self.read(f)
             _debug(f"rank {f.rank} finished: {record.state}")
             f.exit = record
             f.state = record.state if record.state in (RankState.PASSED, RankState.FAILED) else RankState.DEAD
@@ -229,23 +249,21 @@ class Monitor:
                 _debug(f"rank {f.rank}: lost sight of it (the channel ended)")
 
     def unseen(self) -> list[int]:
-        """Ranks of other nodes this watch lost sight of before they ended."""
-        return sorted(r for r, f in self.ranks.items() if f.unseen and f.state is None)
+        """Ranks of other nodes this watch lost sight of before they ended (a watch that followed
+        only its own node's ranks for the deciding one: every other node's)."""
+        lost = {r for r, f in self.ranks.items() if f.unseen and f.state is None}
+        if self.nodes is not None and self.nodes.channel.lost and not self.nodes.decides:
+            lost |= set(range(self.world)) - set(self.ranks)
+        return sorted(lost)
 
     def _poll_status(self) -> None:
         while not self._stop.wait(TIMING.status_every):
-            nodes = self.nodes
-            for f in list(self.ranks.values()):
+            for f in list(self.local_ranks().values()):  # another node's: as its summary says
                 if f.state is not None:
-                    continue
-                if not f.local and nodes is not None:  # as its node's watch last asked
-                    f.fr_progress = nodes.channel.progress(f.rank)
                     continue
                 answer = f.ask(AgentRequest.STATUS, 1.0)
                 if answer is not None and answer.get("fr"):
                     f.fr_progress = fr_progress(answer["fr"])
-                    if nodes is not None:
-                        nodes.channel.publish_progress(f.rank, f.fr_progress)
 
     def _driver(self) -> CallDriver:
         if self.driver is None:
@@ -302,9 +320,9 @@ class Monitor:
         if self.referee is None or self.self_judged:
             return None
         for f in self.ranks.values():
-            self._read(f)
+            self.read(f)
         self._ranks_elsewhere()
-        self._finished(now)
+        self.finished(now)
         local = self.local_ranks()
         for f in local.values():  # another node's ranks are its launcher's to end
             if f.state is None:  # it outlived the launcher
@@ -331,12 +349,12 @@ class Monitor:
         self.nodes.await_synced(self.node_count - 1, time.monotonic() + TIMING.agree_wait)
         now = time.monotonic()
         self._discover(now)
-        for f in list(self.ranks.values()):
-            if not f.local:
-                self._read(f)
-        self._finished(now)
+        if self.nodes.decides:
+            with self.lock:
+                self.across.summaries(self.nodes)
+        self.finished(now)
 
-    def _report(self, r: int, answer: dict | None) -> RankReport:
+    def report(self, r: int, answer: dict | None) -> RankReport:
         outside = ON_ANOTHER_NODE if self.node_count > 1 else OUTSIDE if self.elsewhere else None
         return report_of(r, self.ranks.get(r), answer, self.t0, outside)
 
@@ -350,10 +368,5 @@ def _import_torch_distributed() -> None:
     except Exception:  # a prewarm only: a broken torch says so where it is used
         pass
 
-
-def _debug(text: str) -> None:
-    if os.environ.get("PYTEST_NCCL_WATCH_DEBUG"):
-        import sys
-        sys.stderr.write(f"[watch {time.time():.3f}] {text}\n")
 
 

@@ -2,39 +2,47 @@
 or a cluster's scheduler starts them), through the channel store that the deciding watch hosts and
 announces in the job's own store (``channel.py``).
 
-- a relay thread publishes what this watch follows of its node's ranks (their journals, read from
-  the start by a reader of its own, exit reports, progress) and answers the questions other watches
-  ask of its ranks' agents (stacks, Flight Recorder);
-- every watch judges the whole job from the same data, and all give one verdict: the watch of the
-  node of rank 0 decides (``agree`` publishes its finding, and returns once every other watch took
-  it, or ``WatchTiming.agree_wait`` passed: the channel ends with that watch); the others take it
-  as soon as it is published (``decided_elsewhere``), or give their own when none comes within
-  ``WatchTiming.agree_wait`` (rank 0's node is gone).
+- the watch of the node of rank 0 decides: it reads every other node's summary each tick
+  (``summaries``), asks a node for its ranks' records when a rule needs them, and for their stacks
+  when a verdict is being made; its finding is the job's (``agree`` publishes it, and returns once
+  every other watch took it, or ``WatchTiming.agree_wait`` passed: the channel ends with that watch);
+- every other watch follows its own node's ranks only: a relay thread publishes their summary when
+  it changed and answers the questions asked of them; it takes the deciding watch's verdict as soon
+  as it is published (``decided_elsewhere``), and judges by itself only once the channel is lost
+  (rank 0's node is gone).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Callable, Protocol
 
-from ..core.reports import RankReport
-from . import jobdir
-from .channel import CONNECT_WAIT, Channel
-from .follow import JournalFile
+from .channel import CONNECT_WAIT, Ask, Channel, Details, RankSummary
+from .follow import Followed
 from .timing import TIMING
 
 
-class Nodes:
-    """``channel``: the job's channel; ``local()``: the ``Followed`` ranks of this node, rank -> it;
-    ``ended(rank)``: how a local rank ended (its full report), or None while it runs."""
+class NodeRanks(Protocol):
+    """What the relay reads of this node's ranks (the ``Monitor``)."""
 
-    def __init__(self, channel: Channel, local: Callable[[], dict], ended: Callable[[int], RankReport | None]):
-        self.channel, self.local, self.ended = channel, local, ended
-        self._readers: dict[int, JournalFile] = {}
-        self._published_exits: set = set()
+    def local_ranks(self) -> dict[int, Followed]: ...
+
+    def summary(self, rank: int) -> RankSummary: ...
+
+    def details(self, rank: int, bases: dict) -> Details: ...
+
+    def keep_from(self, bases: dict) -> None: ...
+
+
+class Nodes:
+    """``channel``: the job's channel; ``ranks``: this node's ranks, as the monitor follows them."""
+
+    def __init__(self, channel: Channel, ranks: NodeRanks, decides: Callable[[], bool]):
+        self.channel, self.ranks, self._decides = channel, ranks, decides
+        self.node = channel.join()
+        self.rank_nodes: dict[int, int] = {}     # deciding watch: rank -> the node that runs it
         self._taken = False
-        channel.join()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="pytest-nccl-watch-relay", daemon=True)
         self._thread.start()
@@ -42,66 +50,63 @@ class Nodes:
     @property
     def decides(self) -> bool:
         """This watch's node runs rank 0: its finding is the job's."""
-        return 0 in self.local()
+        return self._decides()
 
+    # -- every other node: publish, answer ---------------------------------------------------------------
     def _serve(self) -> None:
-        first, flushed = True, 0
+        first = True
         while not self._stop.wait(TIMING.serve_every) and not self.channel.lost:
-            wanted = self.channel.flush_requests()  # read before publishing: this tick answers them
-            for rank, f in list(self.local().items()):
-                self._publish(rank, f)
-                for number, request in self.channel.questions(rank):
-                    answer = f.ask(request, TIMING.stacks_wait) if request is not None else {"error": "unknown request"}
-                    self.channel.answer(rank, number, answer)
+            if self.decides:
+                continue  # nobody asks it anything: it asks
+            questions, bases = self.channel.questions(self.node)
+            self.ranks.keep_from(bases)
+            for number, question in questions:
+                self.channel.answer(self.node, number, self._answer(question))
+            self._publish()
             if first:
                 first = False
                 self.channel.synced()
-            for number in range(flushed + 1, wanted + 1):
-                self.channel.flushed(number)
-            flushed = max(flushed, wanted)
+
+    def _publish(self) -> None:
+        self.channel.publish_summary(self.node, {r: self.ranks.summary(r) for r in self.ranks.local_ranks()})
+
+    def _answer(self, question: Ask):
+        if question.details:
+            return self.ranks.details(question.rank, question.bases)
+        f = self.ranks.local_ranks().get(question.rank)
+        if f is None or question.request is None:
+            return {"error": "unknown request"}
+        return f.ask(question.request, TIMING.stacks_wait)
+
+    # -- the deciding watch: read, ask ---------------------------------------------------------------------
+    def summaries(self) -> dict[int, RankSummary]:
+        """rank -> its summary, of every other node that published one (two calls)."""
+        others = [n for n in range(1, self.channel.watches() + 1) if n != self.node]
+        out: dict[int, RankSummary] = {}
+        for node, ranks in self.channel.summaries(others).items():
+            for rank, summary in ranks.items():
+                self.rank_nodes[rank] = node
+                out[rank] = summary
+        return out
+
+    def ask(self, rank: int, question: Ask, timeout: float):
+        node = self.rank_nodes.get(rank)
+        return None if node is None else self.channel.ask(node, question, timeout)
 
     def await_synced(self, others: int, deadline: float) -> None:
-        """Wait (until ``deadline``) for ``others`` other watches to have published what their nodes'
-        ranks wrote before they joined: a verdict judges the whole job, not what arrived so far. A
-        watch that joined but is not in sync yet (a loaded host) is waited for up to
-        ``CONNECT_WAIT``; one that never joined (no watch on that node) only until ``deadline``."""
+        """Wait (until ``deadline``) for ``others`` other watches to have published their first
+        summary: a verdict judges the whole job, not what arrived so far. A watch that joined but is
+        not in sync yet (a loaded host) is waited for up to ``CONNECT_WAIT``; one that never joined
+        (no watch on that node) only until ``deadline``. (The records a rule reads are asked of each
+        node when it reads them: no publishing to wait for.)"""
         latest = time.monotonic() + CONNECT_WAIT
-        while not self.channel.lost and self.channel.synced_watches() < others + 1:
+        while not self.channel.lost and self.channel.synced_watches() < others:
             now = time.monotonic()
-            if now >= latest or (now >= deadline and self.channel.watches() <= self.channel.synced_watches()):
+            if now >= latest or (now >= deadline and self.channel.watches() - 1 <= self.channel.synced_watches()):
                 break
             time.sleep(TIMING.serve_every)
-        self._await_flushed(deadline)
 
-    def _await_flushed(self, deadline: float) -> None:
-        """Every other watch in sync has published what its ranks wrote up to now (a loaded host: its
-        relay may lag seconds behind a rank that entered the diverging collective). A watch in sync
-        answers, however loaded its host: waited for up to ``CONNECT_WAIT`` while the channel holds
-        (a verdict late, not a verdict blind: judged without the other node's records, a shape
-        mismatch across nodes read as gloo's bare 'invalid tensor size' on a host at load 10)."""
-        watches = self.channel.synced_watches()  # this one's relay answers too
-        if watches <= 1 or self.channel.lost:
-            return
-        number = self.channel.request_flush()
-        until = max(deadline, time.monotonic() + CONNECT_WAIT)
-        while (time.monotonic() < until and not self.channel.lost
-               and self.channel.flushed_watches(number) < watches):
-            time.sleep(TIMING.serve_every)
-
-    def _publish(self, rank: int, f) -> None:
-        reader = self._readers.get(rank)
-        if reader is None:
-            reader = self._readers[rank] = JournalFile(jobdir.journal(f.source.directory, rank))
-        self.channel.push(rank, reader.read())
-        if rank not in self._published_exits:
-            report = self.ended(rank)
-            if report is not None:
-                # what the rank wrote before its exit record may have come after the read above: the
-                # other watches get the whole journal before they hear it finished
-                self.channel.push(rank, reader.read())
-                self.channel.publish_exit(report)
-                self._published_exits.add(rank)
-
+    # -- the verdict ----------------------------------------------------------------------------------------
     def decided_elsewhere(self):
         """The deciding watch's finding once it is published (on another node than rank 0's)."""
         if self.decides:
@@ -131,8 +136,5 @@ class Nodes:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=1.0)
-        if not self._thread.is_alive():  # what the ranks wrote last and how they ended, before the
-            for rank, f in list(self.local().items()):  # channel ends with this watch
-                self._publish(rank, f)
-        for reader in self._readers.values():
-            reader.close()
+        if not self._thread.is_alive() and not self.decides:  # how its ranks ended, before the
+            self._publish()                                     # channel ends with this watch

@@ -18,6 +18,7 @@ class WatchTiming:
     scan_every: float = 0.05      # how often the directory is listed for ranks not seen yet
     serve_every: float = 0.02     # several nodes: how often this node's ranks are published
     ask_poll: float = 0.02        # several nodes: how often an asking watch looks for the answer
+    details_wait: float = 5.0     # several nodes: for a node's records of its ranks, when a rule reads them
     job_term_wait: float = 5.0    # between SIGTERM and SIGKILL when the watch ends the job
     reap_poll: float = 0.05       # ending the job, how often it looks whether its processes are gone
     orphan_kill_after: float = 10.0  # a rank whose watch is gone: for its own handler

@@ -1,0 +1,103 @@
+"""What crosses the channel between nodes, from a ``Monitor``'s side (``nodes.py`` carries it): on
+every other node, its ranks' summaries and records as the relay publishes and answers them
+(``nodes.NodeRanks``); on the deciding watch's, the other nodes' ranks followed from their summaries,
+and their records asked of their nodes when a rule reads them."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from typing import TYPE_CHECKING, Protocol
+
+from ..core.reports import RankReport
+from .channel import Ask, Details, RankSummary
+from .debug import debug as _debug
+from .follow import Followed, RemoteRank, ask_all
+from .jobdir import RankInfo
+from .timing import TIMING
+from .window import REMOTE_KEEP, Window, numbered_from_start
+
+if TYPE_CHECKING:
+    from .nodes import Nodes
+
+
+class FollowedRanks(Protocol):
+    """What it reads of the monitor."""
+    ranks: dict[int, Followed]
+    world: int
+    window: Window
+    lock: threading.RLock
+
+    def read(self, f: Followed) -> None: ...
+
+    def report(self, r: int, answer: dict | None) -> RankReport: ...
+
+
+class AcrossNodes:
+    def __init__(self, monitor: FollowedRanks):
+        self.m = monitor
+        self.exits: dict[int, str] = {}     # a local rank's exit report (JSON), once it ended
+
+    # -- every other node: what the relay tells the deciding watch of this node's ranks --------------------
+    def local_ranks(self) -> dict[int, Followed]:
+        return {r: f for r, f in list(self.m.ranks.items()) if f.local}
+
+    def summary(self, rank: int) -> RankSummary:
+        f = self.m.ranks[rank]
+        if f.state is not None and rank not in self.exits:
+            self.exits[rank] = self.m.report(rank, None).to_json()
+        return RankSummary(f.file.consumed, dict(f.count), f.fr_progress, self.exits.get(rank))
+
+    def details(self, rank: int, bases: dict) -> Details:
+        with self.m.lock:
+            f = self.m.ranks[rank]
+            self.m.read(f)
+            return Details(numbered_from_start(f, bases, REMOTE_KEEP), self.summary(rank))
+
+    def keep_from(self, bases: dict) -> None:
+        with self.m.lock:
+            self.m.window.ceiling = bases
+
+    # -- the deciding watch: the other nodes' ranks ----------------------------------------------------------
+    def summaries(self, nodes: Nodes) -> None:
+        """Every other node's summary, read (one call), into the ranks followed; the window's bases
+        published when they moved (the nodes keep their ranks' records from there)."""
+        if nodes.channel.lost:
+            return
+        m = self.m
+        for rank, summary in nodes.summaries().items():
+            f = m.ranks.get(rank)
+            if f is None and 0 <= rank < m.world:
+                info = RankInfo.decode(nodes.channel.info(rank))
+                if info is None:
+                    continue
+                f = m.ranks[rank] = Followed(rank, RemoteRank(rank, info, nodes))
+                _debug(f"rank {rank} joined on another node: pid {info.pid} on {info.host}")
+            if f is None or not isinstance(f.source, RemoteRank):
+                continue
+            f.source.summary, f.file.consumed, f.fr_progress = summary, summary.consumed, summary.fr
+            f.count = dict(summary.counts)
+        nodes.channel.publish_bases(dict(m.window.base))
+
+    def fresh_records(self, nodes: Nodes, ranks: list | None = None) -> None:
+        """The records of the other nodes' ranks (``ranks``: of those) whose summary moved since
+        they were last asked for, asked of their nodes at once (a rule reads them now)."""
+        m = self.m
+        stale = {f.rank: (f, f.source) for f in list(m.ranks.values())
+                 if isinstance(f.source, RemoteRank) and not f.unseen and f.source.stale
+                 and (ranks is None or f.rank in ranks)}
+        if not stale:
+            return
+        asked = {r: source.summary for r, (f, source) in stale.items()}
+        question = Ask(-1, details=True, bases=dict(m.window.base))
+        answers = ask_all([f for f, _ in stale.values()], None, TIMING.details_wait,
+                          lambda f: nodes.ask(f.rank, replace(question, rank=f.rank), TIMING.details_wait))
+        with m.lock:
+            for r, (f, source) in stale.items():
+                answer = answers.get(r)
+                if isinstance(answer, Details):
+                    m.window.take(f, answer.records)
+                    source.fetched = asked[r]
+                else:
+                    _debug(f"rank {r}: its node did not answer for its records")
+
