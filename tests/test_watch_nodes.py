@@ -23,7 +23,7 @@ from pytest_nccl.core.agreement import Digest
 from pytest_nccl.core.messages import AgentRequest
 from pytest_nccl.core.reports import RankReport
 from pytest_nccl.core.states import RankState
-from pytest_nccl.watch.channel import Ask, Channel, Details, RankSummary
+from pytest_nccl.watch.channel import Ask, Channel, Details, NodeSummary, RankSummary
 from pytest_nccl.watch.jobdir import RankInfo
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,8 +108,9 @@ def test_a_node_summary_reaches_the_deciding_watch_and_is_set_only_when_it_chang
         store.data[key] = b"{}"  # a set again would put it back
         other.publish_summary(node, {3: RankSummary(120, {"default": 2}, (("0", 5, 4),), None)})
         assert store.data[key] == b"{}"
-        other.publish_summary(node, summary | {4: RankSummary(7)})
-        assert deciding.summaries([node, node + 1]) == {node: summary | {4: RankSummary(7)}}  # node+1: none yet
+        other.publish_summary(node, summary | {4: RankSummary(7)}, beat=2)
+        expected = NodeSummary(2, summary | {4: RankSummary(7)})
+        assert deciding.summaries([node, node + 1]) == {node: expected}  # node+1: none yet
 
 
 def test_info_and_the_verdict_travel_whole():
@@ -177,7 +178,8 @@ def test_a_store_hiccup_is_retried_on_a_fresh_client_and_the_channel_stays():
             raise RuntimeError("Broken pipe")
     Channel(store, "j/0").publish_summary(1, {0: RankSummary(5)})
     channel = Channel(Broken(), "j/0", reopen=lambda: store)
-    assert channel.summaries([1]) == {1: {0: RankSummary(5)}} and not channel.lost and channel.errors == 1
+    assert channel.summaries([1]) == {1: NodeSummary(0, {0: RankSummary(5)})} and not channel.lost
+    assert channel.errors == 1
 
 
 def test_a_store_gone_for_good_is_found_so_once_and_at_once():
@@ -242,7 +244,9 @@ def test_the_deciding_watch_reads_each_node_s_summary_and_asks_it_for_records():
     other = Nodes(Channel(store, "j/0"), ranks, decides=lambda: False)
     try:
         deciding.await_synced(1, time.monotonic() + 5)
-        assert deciding.summaries() == {2: RankSummary(10, {"default": 150}), 3: RankSummary(11, {"default": 150})}
+        now = time.monotonic()
+        assert deciding.summaries(now) == {2: RankSummary(10, {"default": 150}), 3: RankSummary(11, {"default": 150})}
+        assert not deciding.silent(2, now, 10.0) and deciding.silent(2, now + 60, 10.0)  # its watch killed: no beat
         assert ranks.kept_from == {"default": 100}
         answer = deciding.ask(3, Ask(3, details=True, bases={"default": 120}), timeout=5)
         assert answer == Details(["records of rank 3 after {'default': 120}"], RankSummary(11, {"default": 150}))
@@ -285,9 +289,27 @@ def _env(tag: str) -> dict:
     return {k: v for k, v in job_env(tag).items() if not k.startswith("PYTEST_NCCL_WATCH")}
 
 
-def run_nodes(tmp_path: Path, case: str, watched=(0, 1), nproc: int = 2) -> dict:
+def _kill_when_connected(proc: subprocess.Popen, port: int, after: float) -> None:
+    """SIGKILL ``proc`` (a node's watch) ``after`` seconds past the channel's announcement."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from pytest_nccl.watch.channel import announcement_key
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60))
+    keys = [announcement_key(f"{run_id}/0") for run_id in ("none", "job")]  # torchrun's static run id
+    deadline = time.monotonic() + JOB_LIMIT
+    while not any(store.check([key]) for key in keys):
+        assert time.monotonic() < deadline and proc.poll() is None, "the watches never connected"
+        time.sleep(0.1)
+    time.sleep(after)
+    proc.kill()
+
+
+def run_nodes(tmp_path: Path, case: str, watched=(0, 1), nproc: int = 2, kill_watch: int | None = None) -> dict:
     """Start node 0 and node 1 of one job (each a torchrun), each under its own watch when listed in
-    ``watched``; node -> (exit status, stderr, --json summary or None)."""
+    ``watched``; node -> (exit status, stderr, --json summary or None). ``kill_watch``: that node's
+    watch is killed (SIGKILL) two seconds into the job."""
     (tmp_path / "job.py").write_text(textwrap.dedent(JOB).lstrip("\n"))
     port, tag = free_port(), uuid.uuid4().hex
     procs = {}
@@ -301,6 +323,8 @@ def run_nodes(tmp_path: Path, case: str, watched=(0, 1), nproc: int = 2) -> dict
                                        stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     out = {}
     try:
+        if kill_watch is not None:
+            _kill_when_connected(procs[kill_watch], port, after=2.0)
         for node, proc in sorted(procs.items(), key=lambda item: item[0] not in watched):
             if node not in watched:  # nothing ends an unwatched node's slow rank (120 s) but its launcher
                 proc.terminate()
@@ -413,3 +437,17 @@ def test_a_lost_channel_makes_the_other_node_s_ranks_unseen_never_a_hang(tmp_pat
         assert monitor.report(0, None).state == RankState.UNSEEN
     finally:
         monitor.close()
+
+
+@pytest.mark.timeout(JOB_LIMIT + 60)
+@pytest.mark.parametrize("killed", [1, 0])  # another node's watch; the deciding watch (the channel's store)
+def test_a_node_whose_watch_is_killed_leaves_nothing_running_and_is_not_blamed(tmp_path, killed):
+    """A node's watch is killed mid-job (SIGKILL): its guardian ends that node's job, so nothing of it
+    is left (run_nodes checks); the other node's rank then fails in its next collective, and its
+    watch says so, with the killed node's rank unseen, never a hang or a slow rank."""
+    out = run_nodes(tmp_path, "clean", nproc=1, kill_watch=killed)
+    assert out[killed][0] == -9
+    code, err, summary = out[1 - killed]
+    assert code == 3 and summary is not None, err
+    assert summary["kind"] == "rank-raised" and summary["ranks"] == [1 - killed], summary  # gloo: peer closed
+    assert f"rank {killed}: unseen: runs on another node" in err, err

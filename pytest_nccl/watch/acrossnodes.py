@@ -6,6 +6,7 @@ and their records asked of their nodes when a rule reads them."""
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
@@ -59,13 +60,14 @@ class AcrossNodes:
             self.m.window.ceiling = bases
 
     # -- the deciding watch: the other nodes' ranks ----------------------------------------------------------
-    def summaries(self, nodes: Nodes) -> None:
+    def summaries(self, nodes: Nodes, silent_after: float = TIMING.node_silent) -> None:
         """Every other node's summary, read (one call), into the ranks followed; the window's bases
-        published when they moved (the nodes keep their ranks' records from there)."""
+        published when they moved (the nodes keep their ranks' records from there). A rank whose
+        node published nothing for ``silent_after`` seconds is unseen (its watch is gone)."""
         if nodes.channel.lost:
             return
-        m = self.m
-        for rank, summary in nodes.summaries().items():
+        m, now = self.m, time.monotonic()
+        for rank, summary in nodes.summaries(now).items():
             f = m.ranks.get(rank)
             if f is None and 0 <= rank < m.world:
                 info = RankInfo.decode(nodes.channel.info(rank))
@@ -77,6 +79,10 @@ class AcrossNodes:
                 continue
             f.source.summary, f.file.consumed, f.fr_progress = summary, summary.consumed, summary.fr
             f.count = dict(summary.counts)
+            silent = nodes.silent(rank, now, silent_after) and summary.exit is None
+            if silent != f.unseen:  # where it was last seen is no evidence: never taken for a hang
+                f.unseen = silent
+                _debug(f"rank {rank}: its node's watch {'stopped answering' if silent else 'answers again'}")
         nodes.channel.publish_bases(dict(m.window.base))
 
     def fresh_records(self, nodes: Nodes, ranks: list | None = None) -> None:

@@ -11,7 +11,8 @@ node; only the deciding watch reads the summaries, and asks a node for the recor
 the traffic is flat in the node count. Under ``pytest-nccl-watch/<job>/``:
 
     info/<rank>            the rank's info (its rank-R.json), published once by its node's watch
-    node/<n>/summary       node n's summary (JSON): per rank a ``RankSummary``
+    node/<n>/summary       node n's summary (JSON): per rank a ``RankSummary``, and the node's
+                           ``beat``, raised at least every ``WatchTiming.beat_every`` (its watch lives)
     node/<n>/asks          how many questions were asked of node n; node/<n>/ask/<i>: question i (an
                            ``Ask``, pickled); node/<n>/answer/<i>: the node's answer (pickled)
     bases                  the deciding watch's window bases (JSON, group -> collectives dropped):
@@ -71,6 +72,13 @@ class RankSummary:
             return None
         return cls(int(data.get("consumed") or 0), dict(data.get("counts") or {}), _tuples(data.get("fr")),
                    data.get("exit"))
+
+
+@dataclass
+class NodeSummary:
+    """A node's summary: its ranks', and its watch's heartbeat."""
+    beat: int
+    ranks: dict[int, RankSummary]
 
 
 @dataclass
@@ -178,18 +186,19 @@ class Channel:
         return _decoded(self._get(self._k("info", rank)))
 
     # -- summaries: every other node publishes, the deciding watch reads --------------------------------
-    def publish_summary(self, node: int, ranks: dict[int, RankSummary]) -> None:
+    def publish_summary(self, node: int, ranks: dict[int, RankSummary], beat: int = 0) -> None:
         """Node ``node``'s summary of its ranks, set only when it changed since this watch's last."""
         self._set_changed(self._k("node", node, "summary"),
-                          json.dumps({str(r): asdict(s) for r, s in sorted(ranks.items())}))
+                          json.dumps({"beat": beat, "ranks": {str(r): asdict(s) for r, s in sorted(ranks.items())}}))
 
-    def summaries(self, nodes: list[int]) -> dict[int, dict[int, RankSummary]]:
-        """node -> rank -> its summary, for the nodes that published one (one call)."""
+    def summaries(self, nodes: list[int]) -> dict[int, NodeSummary]:
+        """node -> its summary, for the nodes that published one (one call)."""
         out: dict = {}
         for node, raw in zip(nodes, self._get_many([self._k("node", n, "summary") for n in nodes]), strict=True):
             value = _decoded(raw)
-            if isinstance(value, dict):
-                out[node] = {int(r): s for r, d in value.items() if (s := RankSummary.decode(d)) is not None}
+            if isinstance(value, dict) and isinstance(value.get("ranks"), dict):
+                ranks = {int(r): s for r, d in value["ranks"].items() if (s := RankSummary.decode(d)) is not None}
+                out[node] = NodeSummary(int(value.get("beat") or 0), ranks)
         return out
 
     def publish_bases(self, bases: dict) -> None:

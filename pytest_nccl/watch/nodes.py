@@ -42,6 +42,8 @@ class Nodes:
         self.channel, self.ranks, self._decides = channel, ranks, decides
         self.node = channel.join()
         self.rank_nodes: dict[int, int] = {}     # deciding watch: rank -> the node that runs it
+        self.beats: dict[int, tuple[int, float]] = {}  # deciding watch: node -> (its beat, when it moved)
+        self._beat, self._beat_at = 0, 0.0
         self._taken = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="pytest-nccl-watch-relay", daemon=True)
@@ -68,7 +70,11 @@ class Nodes:
                 self.channel.synced()
 
     def _publish(self) -> None:
-        self.channel.publish_summary(self.node, {r: self.ranks.summary(r) for r in self.ranks.local_ranks()})
+        now = time.monotonic()
+        if now >= self._beat_at + TIMING.beat_every:
+            self._beat, self._beat_at = self._beat + 1, now
+        self.channel.publish_summary(self.node, {r: self.ranks.summary(r) for r in self.ranks.local_ranks()},
+                                     self._beat)
 
     def _answer(self, question: Ask):
         if question.details:
@@ -79,15 +85,23 @@ class Nodes:
         return f.ask(question.request, TIMING.stacks_wait)
 
     # -- the deciding watch: read, ask ---------------------------------------------------------------------
-    def summaries(self) -> dict[int, RankSummary]:
+    def summaries(self, now: float) -> dict[int, RankSummary]:
         """rank -> its summary, of every other node that published one (two calls)."""
         others = [n for n in range(1, self.channel.watches() + 1) if n != self.node]
         out: dict[int, RankSummary] = {}
-        for node, ranks in self.channel.summaries(others).items():
-            for rank, summary in ranks.items():
+        for node, summary in self.channel.summaries(others).items():
+            if self.beats.get(node, (None,))[0] != summary.beat:
+                self.beats[node] = (summary.beat, now)
+            for rank, ranks in summary.ranks.items():
                 self.rank_nodes[rank] = node
-                out[rank] = summary
+                out[rank] = ranks
         return out
+
+    def silent(self, rank: int, now: float, after: float) -> bool:
+        """The watch of the node that runs ``rank`` published nothing for ``after`` seconds (killed,
+        or its host is gone)."""
+        node = self.rank_nodes.get(rank)
+        return node is not None and now - self.beats[node][1] >= after
 
     def ask(self, rank: int, question: Ask, timeout: float):
         node = self.rank_nodes.get(rank)

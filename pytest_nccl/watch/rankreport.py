@@ -30,7 +30,7 @@ def report_of(r: int, f: Followed | None, answer: dict | None, t0: float, outsid
         return RankReport(r, RankState.NOT_STARTED, message="never created the default process group")
     if f.unseen and f.state is None:
         return RankReport(r, RankState.UNSEEN, message="runs on another node; this watch lost sight of it "
-                          "(the channel to that node's watch ended)")
+                          "(that node's watch no longer answers)")
     report = RankReport(r, f.state or RankState.RUNNING)
     if f.exit is not None:
         report.exc_type, report.exc_text, report.message = f.exit.exc_type, f.exit.exc_text, f.exit.message

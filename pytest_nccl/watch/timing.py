@@ -19,6 +19,10 @@ class WatchTiming:
     serve_every: float = 0.02     # several nodes: how often this node's ranks are published
     ask_poll: float = 0.02        # several nodes: how often an asking watch looks for the answer
     details_wait: float = 5.0     # several nodes: for a node's records of its ranks, when a rule reads them
+    beat_every: float = 1.0       # several nodes: a node's summary is set at least this often (its watch lives)
+    # ... and a node whose summary did not move for this long has lost its watch: its ranks are unseen
+    # (a loaded host's relay may stall for seconds; a watch killed stays silent)
+    node_silent: float = 10.0
     job_term_wait: float = 5.0    # between SIGTERM and SIGKILL when the watch ends the job
     reap_poll: float = 0.05       # ending the job, how often it looks whether its processes are gone
     orphan_kill_after: float = 10.0  # a rank whose watch is gone: for its own handler
