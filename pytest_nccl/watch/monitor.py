@@ -110,6 +110,8 @@ class Monitor:
         return reason
 
     def wake_at(self, now: float) -> float:
+        if self.follows_only:  # it looks for the deciding watch's verdict only
+            return now + TIMING.verdict_poll
         return self.referee.wake_at() if self.referee is not None else now + TIMING.scan_every
 
     def _discover(self, now: float) -> None:

@@ -16,9 +16,10 @@ class WatchTiming:
     agree_wait: float = 5.0
     status_every: float = 1.0     # how often each rank's Flight Recorder progress is asked for
     scan_every: float = 0.05      # how often the directory is listed for ranks not seen yet
-    serve_every: float = 0.02     # several nodes: how often this node's ranks are published
+    serve_every: float = 0.05     # several nodes: how often a node publishes its summary and looks for questions
     ask_poll: float = 0.02        # several nodes: how often an asking watch looks for the answer
     details_wait: float = 5.0     # several nodes: for a node's records of its ranks, when a rule reads them
+    verdict_poll: float = 0.1     # several nodes: how often a watch that does not decide looks for the verdict
     beat_every: float = 1.0       # several nodes: a node's summary is set at least this often (its watch lives)
     # ... and a node whose summary did not move for this long has lost its watch: its ranks are unseen
     # (a loaded host's relay may stall for seconds; a watch killed stays silent)
