@@ -1,8 +1,9 @@
 """The helper process of a pytest session whose tests start ranks themselves (``launched.py``,
 docs/launched.md). It follows each test's directory as ``pytest-nccl watch`` follows a job's: the
-same ``cli.Watch`` (monitor, referee, judge, the launcher's attempts, peers that never appear), with
-the test as the job and its call as the launcher. On a verdict it ends every process the test
-started; when the call returns it judges what the journals show, ends what is left, and answers.
+same ``engine.Engine`` (monitor, referee, judge, the launcher's attempts, peers that never appear),
+with the test as the job and its call as the launcher (``testwatch.TestWatch``: its front-end). On a
+verdict it ends every process the test started; when the call returns it judges what the journals
+show, ends what is left, and answers.
 
 Why a process of its own and not a thread of pytest: a thread in pytest while a test forks makes
 Python (3.12 on) warn about fork in a multi-threaded process and can leave a lock held in the child;

@@ -39,14 +39,6 @@ def of_job(directory: str, ranks) -> list[Straggler]:
         return []
 
 
-def of_watch(watch) -> list[Straggler]:
-    """``of_job`` for a watch's current attempt and the ranks its monitor followed."""
-    monitor = getattr(watch, "monitor", None)
-    if monitor is None or not monitor.ranks:
-        return []
-    return of_job(jobdir.attempt_dir(watch.dir, watch.attempt), list(monitor.ranks))
-
-
 def lines(found: list[Straggler]) -> list[str]:
     return [f"straggler: {s.line()}" for s in found]
 
