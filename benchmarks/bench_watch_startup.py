@@ -25,7 +25,7 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STARTUP_DIR = os.path.join(REPO, "pytest_nccl", "watch", "startup")
+STARTUP_DIR = os.path.join(REPO, "pytest_nccl", "watch", "inrank", "startup")
 
 
 def environments(job_dir: str, base: dict | None = None) -> tuple[dict, dict]:

@@ -73,8 +73,8 @@ def build_parser(prog: str) -> tuple[argparse.ArgumentParser, dict[str, argparse
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = prog or program_name()
-    if argv[:1] == ["watch"]:  # watch reads its own arguments (watch/cli.py)
-        from .watch.cli import main as watch_main
+    if argv[:1] == ["watch"]:  # watch reads its own arguments (watch/frontends/cli.py)
+        from .watch.frontends.cli import main as watch_main
 
         return watch_main(argv[1:])
     from .bisect import cli as bisect_cli

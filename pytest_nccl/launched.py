@@ -11,7 +11,7 @@ During the call of a test the plugin does not run itself (not marked ``nccl``, n
   torch, as under ``pytest-nccl watch``; a process the test forks (``start_method="fork"``:
   ``debug_launcher``) gets the same from ``os.register_at_fork`` (``inject.after_fork``). A test whose
   processes never import torch leaves no directory.
-- the session's helper process (``watch/intest.py``) follows that directory with the watch's
+- the session's helper process (``watch/frontends/intest.py``) follows that directory with the watch's
   monitor, referee and judge. On a hang or a desync it ends every process the test started, so the
   test's own wait (``subprocess.run``, ``mp.spawn``'s join) returns within seconds.
 - when the call returns, the helper judges what the journals show and ends what the test left
@@ -49,10 +49,10 @@ LAUNCHED_KEY = pytest.StashKey["Launched"]()
 RANKS_START = 10.0   # seconds of pytest-timeout's budget kept for the ranks to start (at most a quarter)
 CLOSE_WAIT = 1.0     # seconds pytest waits for the helper at the session's end
 ANSWER_WAIT = 60.0   # seconds pytest waits for the helper's verdict (it ends the test's processes first)
-_HELPER = ("import sys; sys.path.insert(0, sys.argv[1]); from pytest_nccl.watch.intest import main; "
+_HELPER = ("import sys; sys.path.insert(0, sys.argv[1]); from pytest_nccl.watch.frontends.intest import main; "
            "sys.exit(main(int(sys.argv[2]), sys.argv[3]))")
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STARTUP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "watch", "startup")  # as watch.control's
+STARTUP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "watch", "inrank", "startup")  # as control's
 
 _armed = False          # a test's call runs with its ranks followed: forked children get the hook
 _fork_hook = False      # os.register_at_fork cannot be undone: registered once per process
@@ -65,7 +65,7 @@ PREVIOUS_SIGTERM = "_pytest_nccl_previous"
 def _forked_child() -> None:
     if not _armed:
         return
-    from .watch import inject  # imported by ``Launched.start``: a lookup here
+    from .watch.inrank import inject  # imported by ``Launched.start``: a lookup here
 
     inject.after_fork()
     # a forked rank keeps pytest's SIGTERM handler, a Python one that never runs while the rank waits in
@@ -138,7 +138,7 @@ class Launched:
         global _fork_hook
         if self.off is not None or self.helper is not None:
             return
-        from .watch import control, inject  # noqa: F401  (inject: imported before any fork, see _forked_child)
+        from .watch.engine import control  # noqa: F401  (inject: imported before any fork, see _forked_child)
 
         # the same for every test: computed once (a copy of os.environ per test would cost)
         # set once for the session (six variables per test would cost): the start-up hook does nothing

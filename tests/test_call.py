@@ -106,7 +106,7 @@ def test_the_bound_ends_a_call_whose_ranks_never_finish():
 def test_the_watch_gives_a_rank_a_moment_behind_the_others_time_to_reach_the_collective():
     """Under the watch (JOB_RULES) a rank that finishes 1.5 s after the decision is taken as what it
     became; with the test modes' settle it is reported as still running."""
-    from pytest_nccl.watch.monitor import JOB_RULES
+    from pytest_nccl.watch.engine.monitor import JOB_RULES
 
     journals = {0: [record(0, 1), record(0, 2, state="entered")], 1: [record(1, 1)], 2: [record(2, 1)]}
     events = [(0.1, 1, RankState.PASSED), (1.6, 2, RankState.PASSED)]

@@ -286,7 +286,7 @@ def test_boot_ticks_is_the_unit_of_a_process_start():
 
 def test_the_start_up_hook_is_the_watchs():
     from pytest_nccl import launched
-    from pytest_nccl.watch import control
+    from pytest_nccl.watch.engine import control
 
     assert launched.STARTUP_DIR == control.STARTUP_DIR
 

@@ -64,8 +64,8 @@ def in_folder(*folders: str) -> set:
 RANK_SIDE = in_folder("core", "rank") | {
     "errors",
     # pytest-nccl watch: the start-up hook every process of a watched job runs
-    "watch", "watch.startup", "watch.startup.sitecustomize", "watch.inject", "watch.agent", "watch.jobdir",
-    "watch.fold", "watch.timing", "watch.sidegroups", "watch.ownranks", "watch.worlds_rank"}
+    "watch", "watch.jobdir", "watch.timing", "watch.debug",
+    *(name for name in MODULES if name.startswith("watch.inrank"))}
 # Pure: tested on data with a fake clock; no torch, no processes, no sockets.
 PURE = in_folder("core") | {"settings", "views.timeline", "views.swimlane", "bisect.tomlcompat",
                             "bisect.matrix", "bisect.matrix.results", "bisect.matrix.cells",
@@ -112,3 +112,12 @@ def test_nothing_imports_the_plugin():
 def test_no_file_far_over_500_lines(name):
     lines = len(MODULES[name].read_text().splitlines())
     assert lines <= MAX_LINES, f"{MODULES[name]} has {lines} lines"
+
+
+def test_the_watch_s_sides_import_as_drawn():
+    """watch/: the rank side imports none of the controller; the engine none of the front-ends."""
+    for name, deps in GRAPH.items():
+        if name.startswith("watch.inrank"):
+            assert not {d for d in deps if d.startswith(("watch.engine", "watch.frontends"))}, (name, deps)
+        if name.startswith("watch.engine"):
+            assert not {d for d in deps if d.startswith("watch.frontends")}, (name, deps)

@@ -5,8 +5,8 @@ referee, no judge (the controller's). Checked in a fresh interpreter, as a rank 
 import subprocess
 import sys
 
-RANK_SIDE = ("pytest_nccl.rank.tracer", "pytest_nccl.watch.inject", "pytest_nccl.watch.sidegroups",
-             "pytest_nccl.watch.agent", "pytest_nccl.watch.fold",
+RANK_SIDE = ("pytest_nccl.rank.tracer", "pytest_nccl.watch.inrank.inject", "pytest_nccl.watch.inrank.sidegroups",
+             "pytest_nccl.watch.inrank.agent", "pytest_nccl.watch.inrank.fold",
              "pytest_nccl.rank.adopted",
              "pytest_nccl.core.reports")
 CONTROLLER_ONLY = ("pytest_nccl.core.diagnosis", "pytest_nccl.core.referee", "pytest_nccl.core.judge",

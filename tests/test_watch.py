@@ -28,12 +28,13 @@ from pytest_nccl.core.journal import JournalTail
 from pytest_nccl.core.referee import TIMING, Referee
 from pytest_nccl.core.reports import RankReport
 from pytest_nccl.core.states import RankState, Reason
-from pytest_nccl.watch import jobdir, present
-from pytest_nccl.watch.cli import EXIT_DIAGNOSED, EXIT_USAGE, main
-from pytest_nccl.watch.follow import JournalFile
-from pytest_nccl.watch.monitor import Monitor
-from pytest_nccl.watch.outcome import EXIT_DIAGNOSED_KEPT
-from pytest_nccl.watch.window import KEEP
+from pytest_nccl.watch import jobdir
+from pytest_nccl.watch.engine import present
+from pytest_nccl.watch.engine.follow import JournalFile
+from pytest_nccl.watch.engine.monitor import Monitor
+from pytest_nccl.watch.engine.outcome import EXIT_DIAGNOSED_KEPT
+from pytest_nccl.watch.engine.window import KEEP
+from pytest_nccl.watch.frontends.cli import EXIT_DIAGNOSED, EXIT_USAGE, main
 
 REPO = Path(__file__).resolve().parents[1]
 JOB_TIMEOUT = 90  # one watched job; longer is itself a hang
@@ -377,7 +378,7 @@ def test_journal_tail_reads_a_growing_journal():
 
 
 def test_journal_is_followed_across_rotations(tmp_path):
-    from pytest_nccl.watch.agent import rotate
+    from pytest_nccl.watch.inrank.agent import rotate
     path = str(tmp_path / "journal-0.txt")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     reader = JournalFile(path)

@@ -20,7 +20,7 @@ import pytest
 from conftest import assert_no_leftovers
 from watch_support import free_port, job_env
 
-from pytest_nccl.watch.channel_store import _InTorch
+from pytest_nccl.watch.engine.channel_store import _InTorch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,7 +31,7 @@ JOB = """
 import subprocess, sys, threading, time
 from datetime import timedelta
 import torch.distributed as dist
-from pytest_nccl.watch.channel import Channel, connect
+from pytest_nccl.watch.engine.channel import Channel, connect
 from pytest_nccl.watch.jobdir import RankInfo
 
 CALL = 2.0

@@ -23,7 +23,7 @@ from watch_support import JOBS, REPO, free_port, job_env, line_in, run_watch
 from pytest_nccl.core.reports import RankReport
 from pytest_nccl.core.states import RankState
 from pytest_nccl.watch import jobdir
-from pytest_nccl.watch.control import STARTUP_DIR
+from pytest_nccl.watch.engine.control import STARTUP_DIR
 
 HOOK_TIMEOUT = 120
 
@@ -98,7 +98,7 @@ def test_a_second_install_of_pytest_nccl_on_the_path(tmp_path):
     on a launched job's PYTHONPATH (the outer session's and the inner one's). Each ran the other as the
     sitecustomize it shadows, and their torch finders asked each other: RecursionError at start-up and
     at 'import torch' (seen on an H200). The user's own sitecustomize behind both still runs once."""
-    other = tmp_path / "site" / "pytest_nccl" / "watch" / "startup"
+    other = tmp_path / "site" / "pytest_nccl" / "watch" / "inrank" / "startup"
     other.mkdir(parents=True)
     (other / "sitecustomize.py").write_text((Path(STARTUP_DIR) / "sitecustomize.py").read_text())
     user = tmp_path / "usersite"

@@ -50,8 +50,8 @@ def test_a_process_waiting_again_elsewhere_is_a_new_wait(tmp_path):
     import os
     import socket
 
-    from pytest_nccl.watch.joining import JoiningProcesses
-    from pytest_nccl.watch.outcome import Waits
+    from pytest_nccl.watch.engine.joining import JoiningProcesses
+    from pytest_nccl.watch.engine.outcome import Waits
 
     pid, path = os.getpid(), jobdir.joining(str(tmp_path), os.getpid())
 

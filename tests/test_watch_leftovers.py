@@ -18,7 +18,7 @@ import pytest
 from conftest import assert_no_leftovers
 from watch_support import free_port, job_env
 
-from pytest_nccl.watch.leftovers import ShmFiles, remove, shm_files
+from pytest_nccl.watch.engine.leftovers import ShmFiles, remove, shm_files
 
 JOB = """
 import multiprocessing, os, sys, time
@@ -128,7 +128,7 @@ def test_shm_files_are_found_open_and_mapped_and_only_those_are_removed(tmp_path
 
 
 def test_the_loops_note_is_due_every_note_every_seconds_on_the_watchs_clock(tmp_path):
-    from pytest_nccl.watch.leftovers import NOTE_EVERY, ShmFiles
+    from pytest_nccl.watch.engine.leftovers import NOTE_EVERY, ShmFiles
     shm = ShmFiles(str(tmp_path))
     assert shm.due(100.0)                                   # the first tick notes
     assert not shm.due(100.0 + NOTE_EVERY / 2)

@@ -23,7 +23,7 @@ from pytest_nccl.core.agreement import Digest
 from pytest_nccl.core.messages import AgentRequest
 from pytest_nccl.core.reports import RankReport
 from pytest_nccl.core.states import RankState
-from pytest_nccl.watch.channel import Ask, Channel, Details, NodeSummary, RankSummary
+from pytest_nccl.watch.engine.channel import Ask, Channel, Details, NodeSummary, RankSummary
 from pytest_nccl.watch.jobdir import RankInfo
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,7 +41,7 @@ case = sys.argv[1]
 last = world - 1                                        # a rank of the last node
 # A job trains minutes before it fails: time for the watches, which import torch, to reach each other
 # (10 s and more on a loaded host). Here: until rank 0's watch announced the channel (up to 60 s).
-from pytest_nccl.watch.channel import announcement_key
+from pytest_nccl.watch.engine.channel import announcement_key
 from pytest_nccl.watch.jobdir import attempt_of
 store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
 key = announcement_key(f"{os.environ.get('TORCHELASTIC_RUN_ID') or 'job'}/{attempt_of(os.environ)}")
@@ -151,7 +151,7 @@ def test_a_question_to_a_node_is_answered_by_its_watch_with_the_deciding_watch_s
 
 
 def test_the_store_calls_are_counted():
-    from pytest_nccl.watch.channel_store import STATS
+    from pytest_nccl.watch.engine.channel_store import STATS
     before = STATS.calls, STATS.bytes_out
     channel = Channel(FakeStore(), "j/0")
     channel.publish_info(1, {"rank": 1})
@@ -189,7 +189,7 @@ def test_a_store_gone_for_good_is_found_so_once_and_at_once():
     itself: node 1's watch ended a clean job 50-130 s late (the soak failed it past 120 s). Now a
     fresh client that cannot be had (nothing listens there) ends the channel at once, and a call
     that waited for the lock does not try again."""
-    from pytest_nccl.watch.channel_store import make_store
+    from pytest_nccl.watch.engine.channel_store import make_store
 
     calls, reopened = [], []
 
@@ -235,7 +235,7 @@ class NodeRanks:
 def test_the_deciding_watch_reads_each_node_s_summary_and_asks_it_for_records():
     """Node 1's relay publishes its ranks' summary, keeps its window from the deciding watch's bases,
     and answers for its ranks' records; the deciding watch reads summaries only (two calls a tick)."""
-    from pytest_nccl.watch.nodes import Nodes
+    from pytest_nccl.watch.engine.nodes import Nodes
     store = MultiGetStore()
     deciding_channel = Channel(store, "j/0")
     deciding_channel.publish_bases({"default": 100})
@@ -262,7 +262,7 @@ def test_a_watch_in_sync_is_waited_for_past_agree_wait(monkeypatch):
     other node's records, a cross-node shape mismatch read as gloo's bare message; soak, load 10)."""
     import dataclasses
 
-    from pytest_nccl.watch import nodes
+    from pytest_nccl.watch.engine import nodes
     monkeypatch.setattr(nodes, "TIMING", dataclasses.replace(nodes.TIMING, agree_wait=0.2))
     store = FakeStore()
     deciding = nodes.Nodes(Channel(store, "j/0"), NodeRanks({}), decides=lambda: True)
@@ -295,7 +295,7 @@ def _kill_when_connected(proc: subprocess.Popen, port: int, after: float) -> Non
 
     import torch.distributed as dist
 
-    from pytest_nccl.watch.channel import announcement_key
+    from pytest_nccl.watch.engine.channel import announcement_key
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60))
     keys = [announcement_key(f"{run_id}/0") for run_id in ("none", "job")]  # torchrun's static run id
     deadline = time.monotonic() + JOB_LIMIT
@@ -405,8 +405,8 @@ def test_a_lost_channel_makes_the_other_node_s_ranks_unseen_never_a_hang(tmp_pat
 
     from pytest_nccl.core.referee import Referee
     from pytest_nccl.core.states import Reason
-    from pytest_nccl.watch.follow import Followed, RemoteRank
-    from pytest_nccl.watch.monitor import Monitor
+    from pytest_nccl.watch.engine.follow import Followed, RemoteRank
+    from pytest_nccl.watch.engine.monitor import Monitor
 
     monitor = Monitor(str(tmp_path), TIMEOUT, connect=lambda info, decides: None)
     try:

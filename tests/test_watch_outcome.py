@@ -11,9 +11,8 @@ import pytest
 from pytest_nccl.core.diagnosis import Diagnosis
 from pytest_nccl.core.states import Kind, RankState, Reason
 from pytest_nccl.watch import jobdir
-from pytest_nccl.watch.jobdir import RankInfo
-from pytest_nccl.watch.monitor import Monitor
-from pytest_nccl.watch.outcome import (
+from pytest_nccl.watch.engine.monitor import Monitor
+from pytest_nccl.watch.engine.outcome import (
     EXIT_DIAGNOSED,
     EXIT_DIAGNOSED_KEPT,
     Action,
@@ -27,6 +26,7 @@ from pytest_nccl.watch.outcome import (
     peers_line,
     waited_for_peers,
 )
+from pytest_nccl.watch.jobdir import RankInfo
 
 DIED, HANG, RAISED, RANK_LEFT = Kind.DIED, Kind.HANG, Kind.RAISED, Kind.RANK_LEFT
 SHAPE_MISMATCH, SLOW_RANK = Kind.SHAPE_MISMATCH, Kind.SLOW_RANK
@@ -154,7 +154,7 @@ def test_a_rank_whose_exit_record_comes_between_two_reads_is_judged_on_its_whole
     collective look left pending: the other rank, still completing it, is not 'waiting for a finished
     rank' (a healthy job was ended as a hang this way under load)."""
     from pytest_nccl.core.reports import RankReport
-    from pytest_nccl.watch.follow import LocalRank
+    from pytest_nccl.watch.engine.follow import LocalRank
 
     d = str(tmp_path)
     for rank in (0, 1):

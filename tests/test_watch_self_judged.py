@@ -15,8 +15,8 @@ import textwrap
 
 from watch_support import run_watch, torchrun
 
-from pytest_nccl.watch import ownranks
-from pytest_nccl.watch.outcome import SELF_JUDGED
+from pytest_nccl.watch.engine.outcome import SELF_JUDGED
+from pytest_nccl.watch.inrank import ownranks
 
 SESSION = """
 import time
@@ -71,7 +71,7 @@ def test_only_pytest_nccl_s_own_ranks_are_self_judged():
         return namespace["create"]()
 
     assert called_from("pytest_nccl.spmd.group") and called_from("pytest_nccl.rank.loop")
-    assert not called_from("train") and not called_from("pytest_nccl.watch.inject")
+    assert not called_from("train") and not called_from("pytest_nccl.watch.inrank.inject")
     for module in ownranks.OWN_RANKS:  # they exist, and create the default group
         path = __import__("importlib").util.find_spec(module).origin
         assert "init_process_group(" in open(path).read(), module

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from watch_support import JOBS, free_port, line_in, run_watch
 
-from pytest_nccl.watch.outcome import (
+from pytest_nccl.watch.engine.outcome import (
     Joining,
     Waits,
     peers_line,

@@ -77,9 +77,9 @@ def test_ranks_never_seen_are_outside_only_once_a_collective_completed(tmp_path)
 
     from pytest_nccl.core.referee import Referee
     from pytest_nccl.core.states import RankState, RecordState
-    from pytest_nccl.watch.follow import Followed, RemoteRank
+    from pytest_nccl.watch.engine.follow import Followed, RemoteRank
+    from pytest_nccl.watch.engine.monitor import Monitor
     from pytest_nccl.watch.jobdir import RankInfo
-    from pytest_nccl.watch.monitor import Monitor
 
     monitor = Monitor(str(tmp_path), 8.0, connect=lambda info, decides: None)
     try:

@@ -31,7 +31,7 @@ Watch: files in the job's directory and each rank's agent socket (``watch/jobdir
     exit-<R>.json        the rank's ``RankReport`` (JSON form), written at exit
     agent socket         one ``AgentRequest`` word per connection, answered with one JSON object
 
-Ranks a test starts itself: a socketpair, pickled (``launched.py`` <-> ``watch/intest.py``, the
+Ranks a test starts itself: a socketpair, pickled (``launched.py`` <-> ``watch/frontends/intest.py``, the
 session's helper process, which follows each test's directory as the watch follows a job's)
     pytest -> helper     TestEnded(call, failed, until)  a test's call returned, when a process of
                                                   it made its directory (``TestCall``: nothing is sent

@@ -8,10 +8,11 @@ imported torch it installs the tracer, and once it creates a default process gro
 starts its journal. A monitor in the watch process reads the journals as they grow and feeds the same
 referee as the test modes; on a verdict it prints the same report and ends the job.
 
-Modules: ``jobdir`` (the files of one job, both sides), ``inject`` (rank side: what the start-up hook
-runs once torch is imported), ``agent`` (rank side: the thread answering the watch), ``monitor``
-(journals -> referee -> verdict), ``outcome`` (what a verdict does to the job, the exit status, peers
-that never appeared: pure), ``present`` (what is printed and written), ``control`` (the launch
-command's processes), ``cli`` (the launcher's attempts, the loop).
+Three sides, one folder each (docs/architecture.md): ``inrank/`` runs inside every rank (the start-up
+hook, the tracer's installation and the rank's files, the agent); ``engine/`` is the controller, one
+per node (follow the files, judge with the one driver, talk to the other nodes' watches, end the
+job); ``frontends/`` are what a user starts (the command, the follower of a test's own ranks), each
+on the engine's public surface. Both sides read ``jobdir`` (the files of one job), ``timing`` and
+``debug`` here.
 Nothing here is imported at package import: the rank side must stay cheap (see docs/watch.md).
 """

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..core.groups import GroupId, members_of
-from ..core.journal import JournalTail
+from ...core.groups import GroupId, members_of
+from ...core.journal import JournalTail
 from .follow import Followed
 
 KEEP = 1000               # records of a group kept per rank (the window holds KEEP to 2 * KEEP)

@@ -4,9 +4,9 @@ signal that faulthandler recorded, a rank on a node this watch cannot see)."""
 
 from __future__ import annotations
 
-from ..core.exits import decode_wait_status
-from ..core.reports import RankReport
-from ..core.states import RankState
+from ...core.exits import decode_wait_status
+from ...core.reports import RankReport
+from ...core.states import RankState
 from .follow import Followed
 
 #: faulthandler's words for a fatal signal -> the signal's name

@@ -21,7 +21,7 @@ def world_key(world: int) -> str:
     try:
         import torch.distributed.distributed_c10d as c10d
 
-        from ..rank.trace_rendezvous import innermost_store  # loaded with the tracer, before any group
+        from ...rank.trace_rendezvous import innermost_store  # loaded with the tracer, before any group
 
         store = innermost_store(c10d._get_default_store())
         port = getattr(store, "port", None)

@@ -18,9 +18,9 @@ import threading
 import time
 from typing import Callable, Protocol
 
+from ..timing import TIMING
 from .channel import CONNECT_WAIT, Ask, Channel, Details, RankSummary
 from .follow import Followed
-from .timing import TIMING
 
 
 class NodeRanks(Protocol):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..usage import Parser, UsageError
+from ...usage import Parser, UsageError
+from ..engine.present import PROG
 
-PROG = "pytest-nccl watch"
 __all__ = ["PROG", "UsageError", "build_parser", "parse"]
 
 

@@ -23,7 +23,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
-from ..core.messages import Quit, TestCall, TestEnded, TestFollowed
+from ...core.messages import Quit, TestCall, TestEnded, TestFollowed
 from .testprocs import TestProcesses
 
 if TYPE_CHECKING:

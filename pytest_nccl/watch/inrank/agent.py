@@ -23,11 +23,11 @@ import socket
 import threading
 import time
 
-from ..core.messages import AgentRequest
-from ..rank import flight_api, tracer
-from ..rank.stacks import THREAD_PREFIX, format_stacks
-from . import jobdir
-from .timing import TIMING
+from ...core.messages import AgentRequest
+from ...rank import flight_api, tracer
+from ...rank.stacks import THREAD_PREFIX, format_stacks
+from .. import jobdir
+from ..timing import TIMING
 
 
 def alive(pid: int) -> bool:

@@ -11,13 +11,13 @@ import socket
 import threading
 from typing import BinaryIO
 
-from ..core.journal import JournalTail
-from ..core.messages import AgentRequest
-from ..core.reports import RankReport
-from ..core.states import RankState
-from . import jobdir
+from ...core.journal import JournalTail
+from ...core.messages import AgentRequest
+from ...core.reports import RankReport
+from ...core.states import RankState
+from .. import jobdir
+from ..jobdir import RankInfo
 from .channel import Ask, RankSummary
-from .jobdir import RankInfo
 
 READ_CHUNK = 8 << 20      # bytes of one journal read in one tick at most
 

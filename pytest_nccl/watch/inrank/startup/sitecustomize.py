@@ -45,7 +45,7 @@ def _arrived():
                 except BaseException:
                     del sys.modules["pytest_nccl"]
                     raise
-        from pytest_nccl.watch import inject
+        from pytest_nccl.watch.inrank import inject
 
         inject.after_torch()
     except Exception as exc:  # never stop the user's process
@@ -101,7 +101,7 @@ def _hook():
         sys.meta_path.insert(0, _TorchFinder())
 
 
-_STARTUP = os.sep + os.path.join("pytest_nccl", "watch", "startup")
+_STARTUP = os.sep + os.path.join("pytest_nccl", "watch", "inrank", "startup")
 
 
 def _is_startup_dir(path, here):

@@ -24,12 +24,13 @@ import subprocess
 import tempfile
 import time
 
-from ..core.nccl_env import nccl_env
-from . import jobdir
+from ...core.nccl_env import nccl_env
+from .. import jobdir
+from ..timing import TIMING
 from .leftovers import Guardian, ShmFiles
-from .timing import TIMING
 
-STARTUP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup")
+WATCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STARTUP_DIR = os.path.join(WATCH_DIR, "inrank", "startup")
 
 
 def job_env(directory: str) -> dict:
@@ -39,7 +40,7 @@ def job_env(directory: str) -> dict:
     old = env.get("PYTHONPATH")
     env["PYTHONPATH"] = STARTUP_DIR + (os.pathsep + old if old else "")
     env[jobdir.ENV_DIR] = directory
-    env[jobdir.ENV_PKG] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env[jobdir.ENV_PKG] = os.path.dirname(os.path.dirname(WATCH_DIR))
     env[jobdir.ENV_WATCHER] = str(os.getpid())
     env[jobdir.ENV_WATCHER_HOST] = socket.gethostname()
     env.update(nccl_env(env))  # the Flight Recorder, NCCL's watchdog (core/nccl_env.py)

@@ -25,13 +25,13 @@ import subprocess
 import sys
 import time
 
-from ..core.reports import CallOutcome
-from ..core.states import Reason
-from . import control, present, stragglers
-from .engine import Ended, Engine
+from ...core.reports import CallOutcome
+from ...core.states import Reason
+from ..engine import control, present, stragglers
+from ..engine.job import Ended, Engine
+from ..engine.outcome import EXIT_DIAGNOSED, exit_status
+from ..timing import TIMING
 from .options import PROG, UsageError, build_parser, parse
-from .outcome import EXIT_DIAGNOSED, exit_status
-from .timing import TIMING
 
 EXIT_USAGE = 2
 EXIT_CANNOT_EXECUTE = 126

@@ -17,25 +17,25 @@ import time
 from dataclasses import replace
 from typing import Callable
 
-from ..core.call import CallDriver, Dumps
-from ..core.diagnosis.wording import JOB
-from ..core.groups import DEFAULT
-from ..core.messages import AgentRequest
-from ..core.referee import TIMING as RULES
-from ..core.referee import Referee
-from ..core.reports import CallOutcome, RankReport
-from ..core.states import RankState, Reason, RecordState
-from . import jobdir
+from ...core.call import CallDriver, Dumps
+from ...core.diagnosis.wording import JOB
+from ...core.groups import DEFAULT
+from ...core.messages import AgentRequest
+from ...core.referee import TIMING as RULES
+from ...core.referee import Referee
+from ...core.reports import CallOutcome, RankReport
+from ...core.states import RankState, Reason, RecordState
+from .. import jobdir
+from ..debug import debug as _debug
+from ..jobdir import RankInfo
+from ..timing import TIMING
 from .acrossnodes import AcrossNodes
 from .channel import CONNECT_WAIT
 from .channel import connect as channel_connect
-from .debug import debug as _debug
 from .follow import Followed, LocalRank, RemoteRank, fr_progress
-from .jobdir import RankInfo
 from .jobview import JobView
 from .nodes import Nodes
 from .rankreport import ON_ANOTHER_NODE, OUTSIDE, report_of
-from .timing import TIMING
 from .window import REMOTE_KEEP, Window
 
 # The rules' timing for a job: once decided, a rank outside any collective gets 2 s (the test modes:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import sys
 
-from ..core.judge import launcher_restarts
-from ..core.messages import LaunchedVerdict, TestCall
-from ..core.reports import CallOutcome
-from ..errors import CollectiveTimeout
-from . import present
-from .engine import Engine
+from ...core.judge import launcher_restarts
+from ...core.messages import LaunchedVerdict, TestCall
+from ...core.reports import CallOutcome
+from ...errors import CollectiveTimeout
+from ..engine import present
+from ..engine.job import Engine
 from .testprocs import TestProcesses
 
 LAUNCHER_GRACE = 10.0   # seconds a launcher has to end its job itself after a rank raised or died

@@ -10,14 +10,14 @@ import json
 import time
 from typing import Protocol
 
-from ..core.call import Dumps, flight_recorder_merged
-from ..core.flight import with_flight_recorder
-from ..core.messages import AgentRequest
-from ..core.records import RankView
-from ..core.reports import RankReport
-from ..core.states import RankState, Reason
+from ...core.call import Dumps, flight_recorder_merged
+from ...core.flight import with_flight_recorder
+from ...core.messages import AgentRequest
+from ...core.records import RankView
+from ...core.reports import RankReport
+from ...core.states import RankState, Reason
+from ..timing import TIMING
 from .follow import Followed, ask_all, fr_progress
-from .timing import TIMING
 from .window import Window
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from ..core.judge import launcher_restarts
+from ...core.judge import launcher_restarts
 
 EXIT_DIAGNOSED = 3
 # the line at the end of a job whose ranks were a pytest-nccl session's (``Monitor.self_judged``)

@@ -36,7 +36,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, TextIO
 
-from . import jobdir
+from .. import jobdir
 from .ownranks import created_by_pytest_nccl
 from .worlds_rank import launcher_env, world_key
 
@@ -65,7 +65,7 @@ def after_torch() -> None:
 
         if not dist.is_available():
             return
-        from ..rank import tracer
+        from ...rank import tracer
 
         _wrap_sys_exit()
         tracer.install()
@@ -213,7 +213,7 @@ def _wrap_init_process_group() -> None:
 
 def _install_tracer() -> None:
     try:
-        from ..rank import tracer
+        from ...rank import tracer
 
         tracer.install()
     except Exception as exc:  # never stop the user's process: said, it runs untraced
@@ -225,7 +225,7 @@ def _joining(real, args, kwargs, frame) -> str | None:
     try:
         import inspect
 
-        from ..rank import tracer
+        from ...rank import tracer
 
         given = inspect.signature(real).bind_partial(*args, **kwargs).arguments
 
@@ -313,7 +313,7 @@ class _Rank:
         import socket
         import time
 
-        from ..rank import tracer
+        from ...rank import tracer
         from .agent import Agent
 
         d, r = self.directory, self.rank
@@ -370,7 +370,7 @@ class _Rank:
             _warn(f"no exit record ({type(err).__name__}: {err})")
         if self.agent is not None:
             self.agent.close()
-        from ..rank import tracer
+        from ...rank import tracer
 
         tracer.stop()  # the trace holds the default group: let it go as it would without us
 
@@ -379,8 +379,8 @@ def _outcome(rank: int, exc: BaseException | None):
     """How the process ends, as its exit record (``core.reports.RankReport``): raised (the exception;
     a SystemExit raised while handling one, as ``mp.spawn``'s wrapper does, is that one),
     ``sys.exit`` with a non-zero status, or passed."""
-    from ..core.reports import RankReport
-    from ..core.states import RankState
+    from ...core.reports import RankReport
+    from ...core.states import RankState
 
     status = _exit_status
     if isinstance(exc, SystemExit):
@@ -388,7 +388,7 @@ def _outcome(rank: int, exc: BaseException | None):
         status = exc.code
         exc = cause if status not in (None, 0) and isinstance(cause, Exception) else None
     if exc is not None and not isinstance(exc, SystemExit):
-        from ..rank.stacks import describe_exception, format_exception
+        from ...rank.stacks import describe_exception, format_exception
 
         _, exc_type, text, message = describe_exception(exc, lambda e: format_exception(e, cut_to_user=True))
         return RankReport(rank, RankState.FAILED, exc_type=exc_type, exc_text=text, message=message)

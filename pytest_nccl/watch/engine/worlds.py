@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import time
 
-from ..core.reports import CallOutcome
-from ..core.states import Reason
-from . import jobdir
+from ...core.reports import CallOutcome
+from ...core.states import Reason
+from .. import jobdir
+from ..timing import TIMING
 from .monitor import Monitor
-from .timing import TIMING
 
 
 def _no_channel(info, is_deciding):

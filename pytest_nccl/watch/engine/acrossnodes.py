@@ -10,12 +10,12 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
-from ..core.reports import RankReport
+from ...core.reports import RankReport
+from ..debug import debug as _debug
+from ..jobdir import RankInfo
+from ..timing import TIMING
 from .channel import Ask, Details, RankSummary
-from .debug import debug as _debug
 from .follow import Followed, RemoteRank, ask_all
-from .jobdir import RankInfo
-from .timing import TIMING
 from .window import REMOTE_KEEP, Window, numbered_from_start
 
 if TYPE_CHECKING:

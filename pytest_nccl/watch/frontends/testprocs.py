@@ -11,10 +11,10 @@ import os
 import signal
 import time
 
-from ..core.messages import TestCall
-from .control import _signal
-from .jobdir import ENV_DIR, process_start
-from .timing import TIMING
+from ...core.messages import TestCall
+from ..engine.control import _signal
+from ..jobdir import ENV_DIR, process_start
+from ..timing import TIMING
 
 #: processes of the pytest process that serve later tests too: spared (matched in their command line)
 SHARED_HELPERS = (b"multiprocessing.resource_tracker", b"multiprocessing.forkserver", b"torch_shm_manager")
@@ -58,7 +58,7 @@ class TestProcesses:
         return any(name in command for name in SHARED_HELPERS)
 
     def find(self) -> list[int]:
-        from . import control
+        from ..engine import control
 
         forked = {pid for pid in control.descendants(self.pytest_pid) if self._ours(pid)}
         uid = os.getuid()

@@ -24,13 +24,14 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..core.diagnosis.wording import rank_list
-from ..core.reports import CallOutcome
-from ..core.states import Kind, Reason
-from . import jobdir, present
+from ...core.diagnosis.wording import rank_list
+from ...core.reports import CallOutcome
+from ...core.states import Kind, Reason
+from .. import jobdir
+from ..timing import TIMING
+from . import present
 from .joining import JoiningProcesses, join_failures
 from .monitor import Monitor
-from .options import PROG
 from .outcome import (
     SELF_JUDGED,
     Action,
@@ -44,7 +45,7 @@ from .outcome import (
     side_group_verdict,
     waited_for_peers,
 )
-from .timing import TIMING
+from .present import PROG
 from .worlds import OtherWorlds
 
 

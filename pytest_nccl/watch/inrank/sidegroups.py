@@ -28,7 +28,7 @@ import os
 import sys
 from typing import Callable
 
-from . import jobdir
+from .. import jobdir
 
 WHAT = "group"  # JoiningNote.what of a side group's member (outcome.Waits.GROUP)
 WRAPPED = "_pytest_nccl_watch"  # inject.WRAPPED: never wrapped twice
@@ -60,14 +60,14 @@ def install(note_joining: Callable[..., str | None], unlink: Callable[[str | Non
 
 
 def _from_outside_torch() -> bool:
-    from ..rank.trace_groups import caller_file
-    from ..rank.trace_sites import _TORCH_DIR
+    from ...rank.trace_groups import caller_file
+    from ...rank.trace_sites import _TORCH_DIR
 
     return not caller_file(3).startswith(_TORCH_DIR)
 
 
 def _site(frame) -> str:
-    from ..rank import tracer
+    from ...rank import tracer
 
     return tracer.call_site(frame)
 
@@ -118,7 +118,7 @@ def _arg(args, kwargs, pos: int, name: str, default=None):
 
 
 def _store_address(store) -> str:
-    from ..rank.trace_rendezvous import _address
+    from ...rank.trace_rendezvous import _address
 
     return _address(store)
 

@@ -12,11 +12,13 @@ import json
 import time
 from typing import Callable
 
-from ..core.diagnosis.wording import JOB
-from ..core.reports import CallOutcome
-from ..core.states import Kind, Reason
-from ..views import tracedir
-from ..views.report import report_text as views_report_text
+from ...core.diagnosis.wording import JOB
+from ...core.reports import CallOutcome
+from ...core.states import Kind, Reason
+from ...views import tracedir
+from ...views.report import report_text as views_report_text
+
+PROG = "pytest-nccl watch"   # how every line the watch prints starts
 
 
 def report_text(finding: CallOutcome, timeout: float | None = None) -> str:

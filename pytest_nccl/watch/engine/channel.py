@@ -42,11 +42,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from ..core.messages import AgentRequest
+from ...core.messages import AgentRequest
+from ..debug import debug as _debug
+from ..jobdir import RankInfo
+from ..timing import TIMING
 from .channel_store import IN_TORCH, STATS, Counted, make_store
-from .debug import debug as _debug
-from .jobdir import RankInfo
-from .timing import TIMING
 
 PREFIX = "pytest-nccl-watch"
 ATTEMPTS = 4            # tries of one store call, each on a fresh client after the first failure
