@@ -248,12 +248,46 @@ def test_the_deciding_watch_reads_each_node_s_summary_and_asks_it_for_records():
         assert deciding.summaries(now) == {2: RankSummary(10, {"default": 150}), 3: RankSummary(11, {"default": 150})}
         assert not deciding.silent(2, now, 10.0) and deciding.silent(2, now + 60, 10.0)  # its watch killed: no beat
         assert ranks.kept_from == {"default": 100}
-        answer = deciding.ask(3, Ask(3, details=True, bases={"default": 120}), timeout=5)
-        assert answer == Details(["records of rank 3 after {'default': 120}"], RankSummary(11, {"default": 150}))
+        node = deciding.rank_nodes[3]
+        answer = deciding.records(node, [2, 3], {"default": 120}, timeout=5)  # one question for both
+        assert answer == {r: Details([f"records of rank {r} after {{'default': 120}}"], RankSummary(10 + r - 2,
+                                                                                                  {"default": 150}))
+                          for r in (2, 3)}
         assert deciding.ask(7, Ask(7, AgentRequest.DUMP), timeout=0.1) is None  # no node runs rank 7
+        other.close()  # its last records left in the channel: asked now, it would never answer
+        deciding.summaries(time.monotonic())
+        t0 = time.monotonic()
+        assert deciding.records(node, [3], {"default": 120}, timeout=5)[3].summary == RankSummary(11, {"default": 150})
+        assert time.monotonic() - t0 < 1.0
     finally:
         other.close()
         deciding.close()
+
+
+def test_a_verdict_too_large_for_a_store_value_keeps_each_rank_s_last_records():
+    """Hundreds of ranks' windows passed the 8 MiB a TCPStore value may hold: the deciding watch's
+    publish failed, and every other watch gave a verdict of its own (the scale benchmark, 52 nodes)."""
+    from collective_records import record
+
+    from pytest_nccl.core.records import RankView
+    from pytest_nccl.core.reports import CallOutcome
+    from pytest_nccl.core.states import Reason
+    from pytest_nccl.watch.engine import channel as channel_mod
+    store = FakeStore()
+    views = [RankView(r, records=[record(r, i, t=i) for i in range(1, 301)]) for r in range(4)]
+    finding = CallOutcome(views, Reason.TIMEOUT, fr_json={0: "x" * 100})
+    deciding, other = Channel(store, "j/0"), Channel(store, "j/0")
+    deciding.publish_verdict(finding)
+    assert other.verdict() == finding  # it fits: whole
+    limit = len(store.data[deciding._k("verdict")]) - 1
+    channel_mod.VALUE_MAX, saved = limit, channel_mod.VALUE_MAX
+    try:
+        deciding.publish_verdict(finding)
+    finally:
+        channel_mod.VALUE_MAX = saved
+    slim = other.verdict()
+    assert [len(v.records) for v in slim.views] == [channel_mod.VERDICT_RECORDS] * 4 and slim.fr_json == {}
+    assert slim.views[0].records[-1] == views[0].records[-1]
 
 
 def test_a_watch_in_sync_is_waited_for_past_agree_wait(monkeypatch):

@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 from ...core.reports import RankReport
 from ..debug import debug as _debug
 from ..jobdir import RankInfo
 from ..timing import TIMING
-from .channel import Ask, Details, RankSummary
-from .follow import Followed, RemoteRank, ask_all
+from .channel import Details, RankSummary
+from .follow import Followed, RemoteRank
 from .window import REMOTE_KEEP, Window, numbered_from_start
 
 if TYPE_CHECKING:
@@ -95,9 +94,19 @@ class AcrossNodes:
         if not stale:
             return
         asked = {r: source.summary for r, (f, source) in stale.items()}
-        question = Ask(-1, details=True, bases=dict(m.window.base))
-        answers = ask_all([f for f, _ in stale.values()], None, TIMING.details_wait,
-                          lambda f: nodes.ask(f.rank, replace(question, rank=f.rank), TIMING.details_wait))
+        bases = dict(m.window.base)
+        by_node: dict[int, list[int]] = {}
+        for r in stale:
+            by_node.setdefault(nodes.rank_nodes.get(r, -1), []).append(r)
+        answers: dict = {}
+
+        def ask(node: int) -> None:  # one question a node, the nodes at once
+            answers.update(nodes.records(node, by_node[node], bases, TIMING.details_wait))
+        threads = [threading.Thread(target=ask, args=(n,), daemon=True) for n in by_node if n >= 0]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMING.details_wait + 0.5)
         with m.lock:
             for r, (f, source) in stale.items():
                 answer = answers.get(r)

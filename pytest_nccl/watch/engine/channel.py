@@ -39,7 +39,8 @@ import pickle
 import socket
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+import zlib
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 from ...core.messages import AgentRequest
@@ -54,6 +55,8 @@ ATTEMPTS = 4            # tries of one store call, each on a fresh client after 
 # the announcement in the job's store): seconds on an idle host, tens of seconds on a loaded one
 CONNECT_WAIT = 30.0
 RECENT_ASKS = 16        # questions a node looks at: older ones timed out
+VALUE_MAX = 4 << 20     # bytes of one value this channel sets at most (TCPStore refuses past 8 MiB)
+VERDICT_RECORDS = 40    # records per rank a verdict past VALUE_MAX keeps (the report shows fewer)
 
 
 @dataclass
@@ -76,18 +79,20 @@ class RankSummary:
 
 @dataclass
 class NodeSummary:
-    """A node's summary: its ranks', and its watch's heartbeat."""
+    """A node's summary: its ranks', its watch's heartbeat, and whether that watch closed (its last
+    records are under ``final``: it answers no more questions)."""
     beat: int
     ranks: dict[int, RankSummary]
+    closed: bool = False
 
 
 @dataclass
 class Ask:
-    """A question to the node that runs ``rank``: its agent's answer to ``request``, or, with
-    ``details``, the rank's records of each group after ``bases`` (the asker's window)."""
-    rank: int
+    """A question to a node: the agent of its rank ``rank``'s answer to ``request``; or the records
+    of its ranks ``details_of`` after ``bases`` (the asker's window), answered as rank -> ``Details``."""
+    rank: int = -1
     request: AgentRequest | None = None
-    details: bool = False
+    details_of: tuple = ()
     bases: dict = field(default_factory=dict)
 
 
@@ -186,10 +191,18 @@ class Channel:
         return _decoded(self._get(self._k("info", rank)))
 
     # -- summaries: every other node publishes, the deciding watch reads --------------------------------
-    def publish_summary(self, node: int, ranks: dict[int, RankSummary], beat: int = 0) -> None:
+    def publish_summary(self, node: int, ranks: dict[int, RankSummary], beat: int = 0, closed: bool = False) -> None:
         """Node ``node``'s summary of its ranks, set only when it changed since this watch's last."""
-        self._set_changed(self._k("node", node, "summary"),
-                          json.dumps({"beat": beat, "ranks": {str(r): asdict(s) for r, s in sorted(ranks.items())}}))
+        self._set_changed(self._k("node", node, "summary"), json.dumps(
+            {"beat": beat, "closed": closed, "ranks": {str(r): asdict(s) for r, s in sorted(ranks.items())}}))
+
+    def publish_final(self, node: int, details: dict) -> None:
+        """A closing watch's last records of its ranks (rank -> ``Details``): what it would have answered."""
+        self._set(self._k("node", node, "final"), _packed(details))
+
+    def final(self, node: int) -> dict:
+        value = _unpacked(self._get(self._k("node", node, "final")))
+        return value if isinstance(value, dict) else {}
 
     def summaries(self, nodes: list[int]) -> dict[int, NodeSummary]:
         """node -> its summary, for the nodes that published one (one call)."""
@@ -198,7 +211,7 @@ class Channel:
             value = _decoded(raw)
             if isinstance(value, dict) and isinstance(value.get("ranks"), dict):
                 ranks = {int(r): s for r, d in value["ranks"].items() if (s := RankSummary.decode(d)) is not None}
-                out[node] = NodeSummary(int(value.get("beat") or 0), ranks)
+                out[node] = NodeSummary(int(value.get("beat") or 0), ranks, bool(value.get("closed")))
         return out
 
     def publish_bases(self, bases: dict) -> None:
@@ -209,7 +222,7 @@ class Channel:
         """Node ``node``'s answer to ``question``; None when none came within ``timeout``."""
         def ask(store):
             n = store.add(self._k("node", node, "asks"), 1) - 1
-            store.set(self._k("node", node, "ask", n), pickle.dumps(question))
+            store.set(self._k("node", node, "ask", n), _packed(question))
             return n
         n = self._call(ask)
         if n is None:
@@ -218,7 +231,7 @@ class Channel:
         while time.monotonic() < deadline and not self.lost:
             raw = self._get(self._k("node", node, "answer", n))
             if raw is not None:
-                return _unpickled(raw)
+                return _unpacked(raw)
             time.sleep(TIMING.ask_poll)
         return None
 
@@ -235,14 +248,14 @@ class Channel:
             for i in range(max(0, int(count) - RECENT_ASKS), int(count)):
                 key = self._k("node", node, "ask", i)
                 if i not in self._answered and store.check([key]):
-                    question = _unpickled(store.get(key))
+                    question = _unpacked(store.get(key))
                     if isinstance(question, Ask):
                         out.append((i, question))
             return out, _decoded(bases) or {}
         return self._call(questions, default=([], {}))
 
     def answer(self, node: int, number: int, answer) -> None:
-        self._set(self._k("node", node, "answer", number), pickle.dumps(answer))
+        self._set(self._k("node", node, "answer", number), _packed(answer))
         self._answered.add(number)
 
     # -- the watches, and the verdict ---------------------------------------------------------------------
@@ -271,10 +284,17 @@ class Channel:
         return self._add("verdict-taken", 0)
 
     def publish_verdict(self, finding) -> None:
-        self._set(self._k("verdict"), pickle.dumps(finding))
+        """The deciding watch's finding (``CallOutcome``): whole when it fits a store value; else
+        with each rank's last ``VERDICT_RECORDS`` records and no Flight Recorder dumps (hundreds of
+        ranks' windows passed the 8 MiB a value may hold: the verdict never reached the others)."""
+        packed = _packed(finding)
+        if len(packed) > VALUE_MAX:
+            packed = _packed(replace(finding, fr_json={}, fr_pickle={}, views=[
+                replace(v, records=v.records[-VERDICT_RECORDS:]) for v in finding.views]))
+        self._set(self._k("verdict"), packed)
 
     def verdict(self):
-        return _unpickled(self._get(self._k("verdict")))
+        return _unpacked(self._get(self._k("verdict")))
 
 
 def _set(store, key: str, value) -> None:
@@ -294,9 +314,15 @@ def _decoded(raw: bytes | None):
         return None
 
 
-def _unpickled(raw: bytes | None):
+def _packed(value) -> bytes:
+    """A value pickled and compressed: a store's value is at most 8 MiB (TCPStore resets the
+    connection past that), and records compress tenfold."""
+    return zlib.compress(pickle.dumps(value), 1)
+
+
+def _unpacked(raw: bytes | None):
     try:
-        return pickle.loads(raw) if raw else None
+        return pickle.loads(zlib.decompress(raw)) if raw else None
     except Exception:  # a torn or foreign value: unpickling raises any of a dozen types
         return None
 

@@ -164,10 +164,16 @@ class Monitor:
                              daemon=True).start()
 
     def _reach_other_nodes(self, info: RankInfo) -> None:
+        """Reach the other nodes' watches; tried again every second while the job runs (a node whose
+        launcher started more than ``CONNECT_WAIT`` after rank 0's never joined: its ranks were unseen
+        by the deciding watch for the whole job). A verdict waits for the first try only."""
         try:
             _debug("ranks on other nodes: reaching their watches")
             channel = self.connect(info, lambda: 0 in self.local_ranks())
             _debug(f"ranks on other nodes; their watches {'reached' if channel else 'out of reach'}")
+            self._connecting.clear()
+            while channel is None and not self._stop.wait(1.0):
+                channel = self.connect(info, lambda: 0 in self.local_ranks())
             if channel is None or self._stop.is_set():
                 return
             for rank, f in self.local_ranks().items():

@@ -44,6 +44,9 @@ class Nodes:
         self.rank_nodes: dict[int, int] = {}     # deciding watch: rank -> the node that runs it
         self.beats: dict[int, tuple[int, float]] = {}  # deciding watch: node -> (its beat, when it moved)
         self._beat, self._beat_at = 0, 0.0
+        self._bases: dict = {}                   # the deciding watch's window bases, as last read
+        self.closed: dict[int, bool] = {}        # deciding watch: node -> its watch closed
+        self._finals: dict[int, dict] = {}       # ... and its last records, read once
         self._taken = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="pytest-nccl-watch-relay", daemon=True)
@@ -61,6 +64,7 @@ class Nodes:
             if self.decides:
                 continue  # nobody asks it anything: it asks
             questions, bases = self.channel.questions(self.node)
+            self._bases = bases
             self.ranks.keep_from(bases)
             for number, question in questions:
                 self.channel.answer(self.node, number, self._answer(question))
@@ -69,16 +73,20 @@ class Nodes:
                 first = False
                 self.channel.synced()
 
-    def _publish(self) -> None:
+    def _publish(self, closed: bool = False) -> None:
         now = time.monotonic()
         if now >= self._beat_at + TIMING.beat_every:
             self._beat, self._beat_at = self._beat + 1, now
-        self.channel.publish_summary(self.node, {r: self.ranks.summary(r) for r in self.ranks.local_ranks()},
-                                     self._beat)
+        local = self.ranks.local_ranks()
+        if closed:  # what it would have answered, before the summary says it answers no more
+            self.channel.publish_final(self.node, {r: self.ranks.details(r, self._bases) for r in local})
+        self.channel.publish_summary(self.node, {r: self.ranks.summary(r) for r in local}, self._beat, closed)
 
     def _answer(self, question: Ask):
-        if question.details:
-            return self.ranks.details(question.rank, question.bases)
+        self._bases = question.bases or self._bases
+        if question.details_of:
+            local = self.ranks.local_ranks()
+            return {r: self.ranks.details(r, question.bases) for r in question.details_of if r in local}
         f = self.ranks.local_ranks().get(question.rank)
         if f is None or question.request is None:
             return {"error": "unknown request"}
@@ -92,6 +100,7 @@ class Nodes:
         for node, summary in self.channel.summaries(others).items():
             if self.beats.get(node, (None,))[0] != summary.beat:
                 self.beats[node] = (summary.beat, now)
+            self.closed[node] = summary.closed
             for rank, ranks in summary.ranks.items():
                 self.rank_nodes[rank] = node
                 out[rank] = ranks
@@ -104,8 +113,19 @@ class Nodes:
         return node is not None and now - self.beats[node][1] >= after
 
     def ask(self, rank: int, question: Ask, timeout: float):
+        """The answer of the node that runs ``rank``."""
         node = self.rank_nodes.get(rank)
         return None if node is None else self.channel.ask(node, question, timeout)
+
+    def records(self, node: int, ranks: list[int], bases: dict, timeout: float) -> dict:
+        """rank -> ``Details`` of ``ranks`` (all run on ``node``): asked, or as its watch left them when
+        it closed (asked then, it would never answer)."""
+        if self.closed.get(node):
+            if node not in self._finals:
+                self._finals[node] = self.channel.final(node)
+            return self._finals[node]
+        answer = self.channel.ask(node, Ask(details_of=tuple(ranks), bases=bases), timeout)
+        return answer if isinstance(answer, dict) else {}
 
     def await_synced(self, others: int, deadline: float) -> None:
         """Wait (until ``deadline``) for ``others`` other watches to have published their first
@@ -151,4 +171,4 @@ class Nodes:
         self._stop.set()
         self._thread.join(timeout=1.0)
         if not self._thread.is_alive() and not self.decides:  # how its ranks ended, before the
-            self._publish()                                     # channel ends with this watch
+            self._publish(closed=True)                          # channel ends with this watch
