@@ -5,16 +5,18 @@ and their records asked of their nodes when a rule reads them."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
+from ...core.messages import AgentRequest
 from ...core.reports import RankReport
 from ..debug import debug as _debug
 from ..jobdir import RankInfo
 from ..timing import TIMING
 from .channel import Details, RankSummary
-from .follow import Followed, RemoteRank
+from .follow import Followed, RemoteRank, ask_all
 from .window import REMOTE_KEEP, Window, numbered_from_start
 
 if TYPE_CHECKING:
@@ -84,6 +86,27 @@ class AcrossNodes:
                 _debug(f"rank {rank}: its node's watch {'stopped answering' if silent else 'answers again'}")
         nodes.channel.publish_bases(dict(m.window.base))
 
+    def ask_all(self, nodes: Nodes | None, followed: list[Followed], request: AgentRequest) -> dict:
+        """rank -> its agent's answer to ``request``: this node's ranks asked directly, another node's
+        in one question to that node; all at once."""
+        local = [f for f in followed if f.local or nodes is None]
+        by_node: dict[int, list[int]] = {}
+        if nodes is not None:
+            for f in followed:
+                if not f.local and not f.unseen and f.rank in nodes.rank_nodes:
+                    by_node.setdefault(nodes.rank_nodes[f.rank], []).append(f.rank)
+        answers: dict = {}
+
+        def ask_node(node: int) -> None:
+            assert nodes is not None  # by_node is empty without it
+            answers.update(nodes.ask_agents(node, by_node[node], request))
+        def ask_here() -> None:
+            answers.update(ask_all(local, request, TIMING.stacks_wait))
+        jobs: list[Callable[[], None]] = [ask_here]
+        jobs += [functools.partial(ask_node, n) for n in by_node]
+        _all_at_once(jobs, 2 * TIMING.stacks_wait + 1.0)
+        return answers
+
     def fresh_records(self, nodes: Nodes, ranks: list | None = None) -> None:
         """The records of the other nodes' ranks (``ranks``: of those) whose summary moved since
         they were last asked for, asked of their nodes at once (a rule reads them now)."""
@@ -100,13 +123,9 @@ class AcrossNodes:
             by_node.setdefault(nodes.rank_nodes.get(r, -1), []).append(r)
         answers: dict = {}
 
-        def ask(node: int) -> None:  # one question a node, the nodes at once
+        def ask_node(node: int) -> None:
             answers.update(nodes.records(node, by_node[node], bases, TIMING.details_wait))
-        threads = [threading.Thread(target=ask, args=(n,), daemon=True) for n in by_node if n >= 0]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(TIMING.details_wait + 0.5)
+        _all_at_once([functools.partial(ask_node, n) for n in by_node if n >= 0], TIMING.details_wait + 0.5)
         with m.lock:
             for r, (f, source) in stale.items():
                 answer = answers.get(r)
@@ -116,3 +135,12 @@ class AcrossNodes:
                 else:
                     _debug(f"rank {r}: its node did not answer for its records")
 
+
+def _all_at_once(jobs: list, wait: float) -> None:
+    """Run ``jobs`` each on a thread of its own; return once all ended, or ``wait`` passed."""
+    threads = [threading.Thread(target=job, daemon=True) for job in jobs]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + wait
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))

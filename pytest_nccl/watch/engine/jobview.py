@@ -16,8 +16,7 @@ from ...core.messages import AgentRequest
 from ...core.records import RankView
 from ...core.reports import RankReport
 from ...core.states import RankState, Reason
-from ..timing import TIMING
-from .follow import Followed, ask_all, fr_progress
+from .follow import Followed, fr_progress
 from .window import Window
 
 
@@ -35,6 +34,8 @@ class FollowedJob(Protocol):
     def report(self, r: int, answer: dict | None) -> RankReport: ...
 
     def fresh_records(self) -> None: ...
+
+    def ask_all(self, followed: list[Followed], request: AgentRequest) -> dict: ...
 
 
 class JobView:
@@ -60,7 +61,7 @@ class JobView:
         """The window merged with the Flight Recorder of the ranks that answer."""
         fr_json = {}
         live = [f for f in self.m.ranks.values() if f.state is None]
-        for r, answer in ask_all(live, AgentRequest.FR, TIMING.stacks_wait).items():
+        for r, answer in self.m.ask_all(live, AgentRequest.FR).items():
             if answer and answer.get("fr_json"):
                 fr_json[r] = answer["fr_json"]
                 try:  # fresher than the last status poll
@@ -80,7 +81,7 @@ class JobView:
 
     def dumps(self, reason: Reason, live: list[int]) -> Dumps:
         followed = [f for f in self.m.ranks.values() if f.state is None]
-        self.answers = answers = ask_all(followed, AgentRequest.DUMP, TIMING.stacks_wait)
+        self.answers = answers = self.m.ask_all(followed, AgentRequest.DUMP)
         dumps = Dumps()
         for r, answer in answers.items():
             if not answer:

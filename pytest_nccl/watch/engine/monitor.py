@@ -196,6 +196,12 @@ class Monitor:
         for it, and gives no verdict of its own (``Nodes``)."""
         return self.nodes is not None and not self.nodes.decides and not self.nodes.channel.lost
 
+    def ask_all(self, followed: list[Followed], request: AgentRequest) -> dict:
+        """rank -> its agent's answer to ``request`` (None when it did not answer in time), asked at
+        once, another node's ranks through one question to their node."""
+        return self.across.ask_all(self.nodes if self.nodes is not None and self.nodes.decides else None,
+                                   followed, request)
+
     def fresh_records(self, ranks: list | None = None) -> None:
         """The deciding watch: the other nodes' ranks' records, fresh (``AcrossNodes``)."""
         if self.nodes is not None and self.nodes.decides:

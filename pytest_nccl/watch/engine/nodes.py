@@ -18,9 +18,10 @@ import threading
 import time
 from typing import Callable, Protocol
 
+from ...core.messages import AgentRequest
 from ..timing import TIMING
 from .channel import CONNECT_WAIT, Ask, Channel, Details, RankSummary
-from .follow import Followed
+from .follow import Followed, ask_all
 
 
 class NodeRanks(Protocol):
@@ -87,6 +88,10 @@ class Nodes:
         if question.details_of:
             local = self.ranks.local_ranks()
             return {r: self.ranks.details(r, question.bases) for r in question.details_of if r in local}
+        if question.agents_of and question.request is not None:  # the node's agents at once
+            local = self.ranks.local_ranks()
+            return ask_all([local[r] for r in question.agents_of if r in local], question.request,
+                           TIMING.stacks_wait)
         f = self.ranks.local_ranks().get(question.rank)
         if f is None or question.request is None:
             return {"error": "unknown request"}
@@ -116,6 +121,12 @@ class Nodes:
         """The answer of the node that runs ``rank``."""
         node = self.rank_nodes.get(rank)
         return None if node is None else self.channel.ask(node, question, timeout)
+
+    def ask_agents(self, node: int, ranks: list[int], request: AgentRequest) -> dict:
+        """rank -> its agent's answer to ``request``, for ``ranks`` (all run on ``node``): one question."""
+        answer = self.channel.ask(node, Ask(request=request, agents_of=tuple(ranks)),
+                                  2 * TIMING.stacks_wait + 2 * TIMING.serve_every)
+        return answer if isinstance(answer, dict) else {}
 
     def records(self, node: int, ranks: list[int], bases: dict, timeout: float) -> dict:
         """rank -> ``Details`` of ``ranks`` (all run on ``node``): asked, or as its watch left them when
