@@ -259,7 +259,8 @@ def _absent(div: Divergence, views: dict, reason: Reason, bound: float, words: W
             headline = "slow rank: " + headline
     else:
         kind = Kind.RANK_LEFT
-    return Diagnosis(kind, headline, [first.rank], div.pg, div.seq, div)
+    # ranks this watch cannot see are named all (a node's worth); else the first, whom the line is about
+    return Diagnosis(kind, headline, same if kind == Kind.UNSEEN else [first.rank], div.pg, div.seq, div)
 
 
 def _slow(busy: list[RankView], inside: list[RankView], rec: CollectiveRecord, bound: float,
