@@ -136,15 +136,15 @@ def test_a_question_to_a_node_is_answered_by_its_watch_with_the_deciding_watch_s
         while time.monotonic() < deadline:
             questions, _ = owning.questions(node)
             for number, question in questions:
-                owning.answer(node, number, {"stack": f"rank {question.rank}: {question.request.value}"})
+                owning.answer(node, number, {"stack": f"rank {question.agents_of[0]}: {question.request.value}"})
                 return
             time.sleep(0.01)
     server = threading.Thread(target=serve)
     server.start()
-    assert asking.ask(node, Ask(5, AgentRequest.DUMP), timeout=5) == {"stack": "rank 5: dump"}
+    assert asking.ask(node, Ask(AgentRequest.DUMP, agents_of=(5,)), timeout=5) == {"stack": "rank 5: dump"}
     server.join()
     assert owning.questions(node) == ([], {"default": 100})  # answered once
-    assert asking.ask(node + 1, Ask(9, AgentRequest.DUMP), timeout=0.1) is None  # no watch there
+    assert asking.ask(node + 1, Ask(AgentRequest.DUMP, agents_of=(9,)), timeout=0.1) is None  # no watch there
     store.set(owning._k("node", node, "asks"), b"2")  # a value of another version: read, not an error
     store.set(owning._k("node", node, "ask", 1), b"stacks-please")
     assert owning.questions(node) == ([], {"default": 100})
@@ -164,7 +164,7 @@ def test_a_store_that_went_away_makes_the_channel_lost_not_an_error():
             raise RuntimeError("Connection reset by peer")
     channel = Channel(Gone(), "j/0")
     assert channel.watches() == 0 and channel.lost
-    assert channel.ask(1, Ask(0, AgentRequest.DUMP), 1.0) is None and channel.summaries([1]) == {}
+    assert channel.ask(1, Ask(AgentRequest.DUMP, agents_of=(0,)), 1.0) is None and channel.summaries([1]) == {}
     channel.publish_summary(1, {0: RankSummary()})  # no error either
 
 
@@ -253,7 +253,7 @@ def test_the_deciding_watch_reads_each_node_s_summary_and_asks_it_for_records():
         assert answer == {r: Details([f"records of rank {r} after {{'default': 120}}"], RankSummary(10 + r - 2,
                                                                                                   {"default": 150}))
                           for r in (2, 3)}
-        assert deciding.ask(7, Ask(7, AgentRequest.DUMP), timeout=0.1) is None  # no node runs rank 7
+        assert deciding.ask_agents([7], AgentRequest.DUMP) == {}  # no node runs rank 7
         other.close()  # its last records left in the channel: asked now, it would never answer
         deciding.summaries(time.monotonic())
         t0 = time.monotonic()
@@ -445,7 +445,7 @@ def test_a_lost_channel_makes_the_other_node_s_ranks_unseen_never_a_hang(tmp_pat
     monitor = Monitor(str(tmp_path), TIMEOUT, connect=lambda info, decides: None)
     try:
         channel = Channel(FakeStore(), "j/0")
-        silent = SimpleNamespace(ask=lambda rank, question, timeout: None)  # its node does not answer
+        silent = SimpleNamespace(ask_agents=lambda ranks, request: {})  # its node does not answer
         rank0 = Followed(0, RemoteRank(0, RankInfo(rank=0), silent))
         rank0.records = [record(0, i, t=i) for i in range(1, 8)] + [record(0, 8, state="entered", t=8)]
         rank1 = Followed(1, RemoteRank(1, RankInfo(rank=1), silent))  # as good as this node's: it completed #8

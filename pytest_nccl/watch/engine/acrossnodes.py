@@ -90,16 +90,13 @@ class AcrossNodes:
         """rank -> its agent's answer to ``request``: this node's ranks asked directly, another node's
         in one question to that node; all at once."""
         local = [f for f in followed if f.local or nodes is None]
-        by_node: dict[int, list[int]] = {}
-        if nodes is not None:
-            for f in followed:
-                if not f.local and not f.unseen and f.rank in nodes.rank_nodes:
-                    by_node.setdefault(nodes.rank_nodes[f.rank], []).append(f.rank)
+        remote = [f.rank for f in followed if not f.local and not f.unseen]
+        by_node = nodes.by_node(remote) if nodes is not None and remote else {}
         answers: dict = {}
 
         def ask_node(node: int) -> None:
             assert nodes is not None  # by_node is empty without it
-            answers.update(nodes.ask_agents(node, by_node[node], request))
+            answers.update(nodes.ask_agents(by_node[node], request, node))
         def ask_here() -> None:
             answers.update(ask_all(local, request, TIMING.stacks_wait))
         jobs: list[Callable[[], None]] = [ask_here]
@@ -117,15 +114,12 @@ class AcrossNodes:
         if not stale:
             return
         asked = {r: source.summary for r, (f, source) in stale.items()}
-        bases = dict(m.window.base)
-        by_node: dict[int, list[int]] = {}
-        for r in stale:
-            by_node.setdefault(nodes.rank_nodes.get(r, -1), []).append(r)
+        bases, by_node = dict(m.window.base), nodes.by_node(stale)
         answers: dict = {}
 
         def ask_node(node: int) -> None:
             answers.update(nodes.records(node, by_node[node], bases, TIMING.details_wait))
-        _all_at_once([functools.partial(ask_node, n) for n in by_node if n >= 0], TIMING.details_wait + 0.5)
+        _all_at_once([functools.partial(ask_node, n) for n in by_node], TIMING.details_wait + 0.5)
         with m.lock:
             for r, (f, source) in stale.items():
                 answer = answers.get(r)

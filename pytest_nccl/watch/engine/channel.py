@@ -88,10 +88,9 @@ class NodeSummary:
 
 @dataclass
 class Ask:
-    """A question to a node: the agent of its rank ``rank``'s answer to ``request`` (with
-    ``agents_of``: the agents of those ranks', rank -> answer); or the records of its ranks
-    ``details_of`` after ``bases`` (the asker's window), rank -> ``Details``."""
-    rank: int = -1
+    """A question to a node: the answers of its ranks ``agents_of``'s agents to ``request``, rank ->
+    answer; or the records of its ranks ``details_of`` after ``bases`` (the asker's window), rank ->
+    ``Details``."""
     request: AgentRequest | None = None
     agents_of: tuple = ()
     details_of: tuple = ()

@@ -17,7 +17,7 @@ from ...core.reports import RankReport
 from ...core.states import RankState
 from .. import jobdir
 from ..jobdir import RankInfo
-from .channel import Ask, RankSummary
+from .channel import RankSummary
 
 READ_CHUNK = 8 << 20      # bytes of one journal read in one tick at most
 
@@ -185,7 +185,7 @@ class RemoteRank:
         return self.fetched != self.summary
 
     def ask(self, request: AgentRequest, timeout: float) -> dict | None:
-        return self.nodes.ask(self.rank, Ask(self.rank, request), timeout)
+        return self.nodes.ask_agents([self.rank], request).get(self.rank)
 
     def gone(self) -> bool:
         return False
@@ -225,13 +225,11 @@ class Followed:
         return self.source.ask(request, timeout)
 
 
-def ask_all(followed: list, request: AgentRequest | None, timeout: float, call=None) -> dict:
-    """Ask several ranks at once (``call(f)``: instead of asking ``request`` of its agent); rank ->
-    answer (None when it did not answer in time)."""
+def ask_all(followed: list, request: AgentRequest, timeout: float) -> dict:
+    """Ask several ranks at once; rank -> answer (None when it did not answer in time)."""
     answers: dict = {}
-    call = call or (lambda f: f.ask(request, timeout))
-    threads = [threading.Thread(target=lambda f=f: answers.__setitem__(f.rank, call(f)), daemon=True)
-               for f in followed]
+    threads = [threading.Thread(target=lambda f=f: answers.__setitem__(f.rank, f.ask(request, timeout)),
+                                daemon=True) for f in followed]
     for t in threads:
         t.start()
     for t in threads:

@@ -64,9 +64,8 @@ class Nodes:
         while not self._stop.wait(TIMING.serve_every) and not self.channel.lost:
             if self.decides:
                 continue  # nobody asks it anything: it asks
-            questions, bases = self.channel.questions(self.node)
-            self._bases = bases
-            self.ranks.keep_from(bases)
+            questions, self._bases = self.channel.questions(self.node)
+            self.ranks.keep_from(self._bases)
             for number, question in questions:
                 self.channel.answer(self.node, number, self._answer(question))
             self._publish()
@@ -83,19 +82,14 @@ class Nodes:
             self.channel.publish_final(self.node, {r: self.ranks.details(r, self._bases) for r in local})
         self.channel.publish_summary(self.node, {r: self.ranks.summary(r) for r in local}, self._beat, closed)
 
-    def _answer(self, question: Ask):
-        self._bases = question.bases or self._bases
+    def _answer(self, question: Ask) -> dict:
+        local = self.ranks.local_ranks()
         if question.details_of:
-            local = self.ranks.local_ranks()
             return {r: self.ranks.details(r, question.bases) for r in question.details_of if r in local}
-        if question.agents_of and question.request is not None:  # the node's agents at once
-            local = self.ranks.local_ranks()
-            return ask_all([local[r] for r in question.agents_of if r in local], question.request,
-                           TIMING.stacks_wait)
-        f = self.ranks.local_ranks().get(question.rank)
-        if f is None or question.request is None:
-            return {"error": "unknown request"}
-        return f.ask(question.request, TIMING.stacks_wait)
+        if question.request is None:
+            return {}
+        return ask_all([local[r] for r in question.agents_of if r in local], question.request,  # at once
+                       TIMING.stacks_wait)
 
     # -- the deciding watch: read, ask ---------------------------------------------------------------------
     def summaries(self, now: float) -> dict[int, RankSummary]:
@@ -117,13 +111,20 @@ class Nodes:
         node = self.rank_nodes.get(rank)
         return node is not None and now - self.beats[node][1] >= after
 
-    def ask(self, rank: int, question: Ask, timeout: float):
-        """The answer of the node that runs ``rank``."""
-        node = self.rank_nodes.get(rank)
-        return None if node is None else self.channel.ask(node, question, timeout)
+    def by_node(self, ranks) -> dict[int, list[int]]:
+        """node -> those of ``ranks`` it runs (a rank of no known node is left out)."""
+        out: dict[int, list[int]] = {}
+        for r in ranks:
+            if r in self.rank_nodes:
+                out.setdefault(self.rank_nodes[r], []).append(r)
+        return out
 
-    def ask_agents(self, node: int, ranks: list[int], request: AgentRequest) -> dict:
-        """rank -> its agent's answer to ``request``, for ``ranks`` (all run on ``node``): one question."""
+    def ask_agents(self, ranks: list[int], request: AgentRequest, node: int | None = None) -> dict:
+        """rank -> its agent's answer to ``request``, for ``ranks`` (all run on ``node``; by default
+        the node of the first): one question."""
+        node = self.rank_nodes.get(ranks[0]) if node is None else node
+        if node is None:
+            return {}
         answer = self.channel.ask(node, Ask(request=request, agents_of=tuple(ranks)),
                                   2 * TIMING.stacks_wait + 2 * TIMING.serve_every)
         return answer if isinstance(answer, dict) else {}
