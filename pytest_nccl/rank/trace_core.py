@@ -390,12 +390,8 @@ def record_line(kind: Line, trace: CallTrace, label: str, seq: int, index: int =
     return f"{kind.value}\t{label}\t{seq}\t{perf_counter_ns() - trace.t0_ns}e-9{suffix}\n".encode()
 
 
-def completed_line(trace: CallTrace, label: str, seq: int) -> bytes:
-    return record_line(Line.COMPLETED, trace, label, seq)
-
-
 def completed(trace: CallTrace, label: str, seq: int) -> None:
-    os.write(trace.fd, take_pending(trace) + completed_line(trace, label, seq))
+    os.write(trace.fd, take_pending(trace) + record_line(Line.COMPLETED, trace, label, seq))
 
 
 def mark_traced(wrapper, real) -> None:

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from ..core.journal import Line
 from . import trace_core as core
 from . import trace_groups
 from .stacks import THREAD_PREFIX
@@ -144,7 +145,7 @@ def _waits_outside(what: str, describe):
                 local.inside = False
                 if watcher is not None:
                     watcher.done.set()
-                core.write_open(trace, core.completed_line(trace, LABEL, seq))  # the test may have ended
+                core.write_open(trace, core.record_line(Line.COMPLETED, trace, LABEL, seq))  # the test may have ended
         core.mark_traced(traced, real)
         traced.__name__ = getattr(real, "__name__", what)
         return traced
