@@ -180,3 +180,46 @@ def test_a_healthy_job_of_16_one_rank_nodes_ends_with_exit_0_on_every_node(tmp_p
         summary = json.loads((tmp_path / f"node{node}.json").read_text())
         assert summary["verdict"] is False, (node, summary)
     assert_no_leftovers(tag, wait=15.0)
+
+
+# A rank whose last collective's C line is still deferred (trace_core.pending) when it exits: the
+# flusher's period is made long, so only the exit path writes it. The journal, as it is when the exit
+# record is written, must already hold that line.
+LAST_LINE_JOB = """
+import os, sys
+import torch, torch.distributed as dist
+from pytest_nccl.rank import trace_completion
+from pytest_nccl.watch import jobdir
+from pytest_nccl.watch.inrank import inject
+
+trace_completion.FLUSH_EVERY = 60.0
+inject.after_torch()
+real, seen = jobdir.write_text, {}
+
+def write_text(path, text):
+    if path.endswith(os.path.basename(jobdir.exit_record("", 0))):
+        journal = [os.path.join(r, n) for r, _, ns in os.walk(sys.argv[1]) for n in ns
+                   if n == os.path.basename(jobdir.journal("", 0))]
+        seen["journal"] = open(journal[0]).read()
+    real(path, text)
+
+jobdir.write_text = write_text
+dist.init_process_group("gloo")
+dist.all_reduce(torch.ones(1))
+inject._rank.at_exit()
+print(repr(seen["journal"]))
+"""
+
+
+def test_the_journal_is_complete_before_the_exit_record_is_written(tmp_path):
+    from pytest_nccl.core.journal import JournalTail
+
+    (tmp_path / "job.py").write_text(textwrap.dedent(LAST_LINE_JOB).lstrip("\n"))
+    env = job_env("exit-record", PYTEST_NCCL_WATCH_DIR=str(tmp_path / "job"), MASTER_ADDR="127.0.0.1",
+                  MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
+    proc = subprocess.run([sys.executable, "job.py", str(tmp_path / "job")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    journal = eval(proc.stdout.strip().splitlines()[-1])  # noqa: S307  (a repr the job printed)
+    (record,) = [r for r in JournalTail(0).feed(journal.encode()) if r.op == "all_reduce"]
+    assert not record.pending, journal

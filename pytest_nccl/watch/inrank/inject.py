@@ -360,8 +360,19 @@ class _Rank:
         self.done = True
         import time
 
+        from ...rank import tracer
+
         if exc is None:
             exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+        # The journal is complete before the exit record says the rank ended: its last collective's
+        # C line, deferred until the next write (trace_core.pending), else a watch that read both in
+        # between took a passed rank for one that left its last collective pending, and its peer,
+        # still in at_exit, for a rank stuck there (a healthy job failed as a hang). ``stop`` also
+        # lets the default group go, as it would without us (the trace holds it).
+        try:
+            tracer.stop()
+        except Exception as err:  # at exit, never in the way of the process's own status: said
+            _warn(f"the journal's last lines may be missing ({type(err).__name__}: {err})")
         try:
             record = _outcome(self.rank, exc)
             record.ended = time.time()
@@ -370,9 +381,6 @@ class _Rank:
             _warn(f"no exit record ({type(err).__name__}: {err})")
         if self.agent is not None:
             self.agent.close()
-        from ...rank import tracer
-
-        tracer.stop()  # the trace holds the default group: let it go as it would without us
 
 
 def _outcome(rank: int, exc: BaseException | None):
