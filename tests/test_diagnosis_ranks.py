@@ -2,11 +2,13 @@
 
 from collective_records import record, view
 
-from pytest_nccl.core.diagnosis import diagnose, first_divergence
+from pytest_nccl.core.diagnosis import Diagnosis, diagnose, first_divergence
+from pytest_nccl.core.groups import rank_ranges
 from pytest_nccl.core.journal import parse_journal
 from pytest_nccl.core.records import RankView
 from pytest_nccl.core.sites import short_site
-from pytest_nccl.views.report import format_table
+from pytest_nccl.core.states import Kind
+from pytest_nccl.views.report import format_divergence, format_table
 
 
 def rec(rank, seq, op="all_reduce", shapes="[4]", state="completed", pg="default", t=None, **kw):
@@ -150,3 +152,30 @@ def test_gloo_size_mismatch_without_records_is_still_a_mismatch():
     assert d.kind == "shape-mismatch" and d.exception_name == "CollectiveMismatch"
     assert d.headline.startswith("shape mismatch in a collective (gloo on rank 0: ")
     assert "rank 0 killed by SIGABRT" in d.headline
+
+
+def test_a_wide_world_shows_one_column_per_distinct_history():
+    ranks = [view(r, "running", [rec(r, i) for i in range(1, 30)] + ([rec(r, 30, state="entered")] if r != 77 else []))
+             for r in range(128)]
+    d = diagnose(ranks, "timeout", 15)
+    table = format_table(ranks, d)
+    lines = table.splitlines()
+    assert max(len(line) for line in lines) <= 120, table
+    assert lines[1].split() == ["ranks", "0-76,78-127", "rank", "77"], table
+    marked = [line for line in lines if line.startswith(">>")]
+    assert marked == [">>  #30 all_reduce [4] ..                  -"], table
+    text = format_divergence(d)
+    assert "  ranks 0-76,78-127: all_reduce shapes=[4] dtype=float32 entered\n" in text, text
+    assert text.endswith("  rank 77: never entered it") and text.count("\n") == 3, text
+
+
+def test_a_wide_world_of_many_histories_keeps_the_diagnosed_ranks_and_names_the_rest():
+    ranks = [view(r, "running", [rec(r, i) for i in range(1, 6)]
+                  + [rec(r, 6, "all_gather", f"[{r % 12 + 1}]", "entered")]) for r in range(64)]
+    d = Diagnosis(Kind.HANG, "rank 59 ...", [59], "default", 6)  # the last column by rank
+    table = format_table(ranks, d)
+    lines = table.splitlines()
+    assert max(len(line) for line in lines) <= 120, table
+    assert [label.split(",")[0] for label in lines[1].split("ranks ")[1:]] == ["0", "1", "2", "3", "11"], table
+    left = rank_ranges(r for r in range(64) if 4 <= r % 12 <= 10)
+    assert lines[-1] == f"  ... 7 more distinct columns (ranks {left})"

@@ -1,7 +1,7 @@
 """Controller side: turn a call's records and diagnosis into what a person reads.
 
-- ``report_text`` / ``format_report``: headline, the per-rank collective table (matching prefix folded, the
-  diverging row marked), where each rank is now, tracebacks (identical ones once), stacks.
+- ``report_text`` / ``format_report``: headline, the collective table (``table.py``), where each rank is
+  now, tracebacks (identical ones once), stacks.
 - ``trace_json``: the machine-readable trace written by ``--nccl-trace-dir``.
 - ``NcclLongRepr``: the failure report pytest shows: the exception class and the headline first, the
   trace files it wrote (``trace_files``) last.
@@ -16,83 +16,13 @@ from types import SimpleNamespace
 from ..core.diagnosis import Diagnosis
 from ..core.diagnosis.wording import TEST, Words, waiting_for, where
 from ..core.groups import rank_ranges
-from ..core.records import CollectiveRecord, RankView
+from ..core.records import RankView
 from ..core.reports import CallOutcome
 from ..core.sites import short_path, short_site
-from ..core.states import RankState, RecordState, Source
+from ..core.states import RankState, RecordState
+from .table import format_table
 
-TABLE_WIDTH = 120
-CONTEXT_ROWS = 2  # matching rows shown above the divergence
-
-
-# Short op names for narrow columns (world 8 at 120 columns leaves 13 characters a cell).
-SHORT_OPS = {
-    "all_gather_into_tensor": "ag_tensor", "_all_gather_base": "ag_base", "all_gather": "allgather",
-    "all_gather_object": "ag_object", "all_gather_coalesced": "ag_coal", "all_reduce": "allreduce",
-    "all_reduce_coalesced": "ar_coal", "reduce_scatter_tensor": "rs_tensor", "_reduce_scatter_base": "rs_base",
-    "reduce_scatter": "redscat", "broadcast": "bcast", "broadcast_object_list": "bc_object",
-    "all_to_all_single": "a2a_single", "all_to_all": "all2all",
-}
-
-
-def _cell(rec: CollectiveRecord | None, width: int) -> str:
-    if rec is None:
-        return "-".ljust(width)
-    mark = {RecordState.COMPLETED: "", RecordState.ENTERED: " ..", RecordState.WAITING: " ..w"}.get(rec.state, "")
-    op, shapes = rec.op, rec.shapes
-    if rec.p2p:  # peers: '>1' sends to rank 1, '<*' receives from any
-        op = ("batch" if len(rec.p2p) > 1 else op) + " " + " ".join(
-            f"{'>' if p.send else '<'}{'*' if p.peer is None else p.peer}" for p in rec.p2p[:3])
-    if len(f"{op} {shapes}{mark}") > width:
-        op, shapes = SHORT_OPS.get(op, op), shapes.replace(", ", ",")
-    text = f"{op}{'*' if rec.source == Source.FLIGHT_RECORDER else ''} {shapes}".strip() + mark
-    if len(text) > width:
-        text = text[: width - 1] + "~"
-    return text.ljust(width)
-
-
-def format_table(ranks: list[RankView], diagnosis: Diagnosis | None, width: int = TABLE_WIDTH) -> str:
-    """A column per rank, a row per collective of each group; '>>' marks the diverging row.
-    '..' = entered and not completed (pending), '..w' = waiting on an async op, '-' = never entered.
-    Narrow columns use short op names (SHORT_OPS)."""
-    world = len(ranks)
-    label_w = 5
-    col = max(10, min(34, (width - label_w - 2) // max(world, 1) - 1))
-    groups: list[str] = []
-    for v in ranks:
-        for rec in v.records:
-            if rec.pg not in groups:
-                groups.append(rec.pg)
-    if not groups:
-        return "(no collectives were recorded on any rank)"
-    from_cpp = any(rec.source == Source.FLIGHT_RECORDER for v in ranks for rec in v.records)
-    lines = []
-    header = " " * (label_w + 2) + " ".join(f"rank {r}".ljust(col) for r in range(world))
-    for pg in groups:
-        per_rank = [v.records_in(pg) for v in ranks]
-        n = max(len(p) for p in per_rank)
-        mark_seq = diagnosis.seq if diagnosis is not None and diagnosis.pg == pg else None
-        before = next((p[0].before for p in per_rank if p), 0)  # a long job's window: the ranks' own numbers
-        lines.append(f"group {pg}:")
-        lines.append(header)
-        first_shown = 0
-        if mark_seq is not None and mark_seq - 1 - CONTEXT_ROWS > 0:
-            first_shown = mark_seq - 1 - CONTEXT_ROWS
-            folded = first_shown + before
-            lines.append(f"  ... {folded} matching collective{'s' if folded != 1 else ''} folded")
-        elif mark_seq is None and n > 12:
-            first_shown = n - 8
-            lines.append(f"  ... {first_shown + before} collectives folded")
-        last = n if mark_seq is None else min(n, mark_seq + 3)
-        for i in range(first_shown, last):
-            marker = ">>" if mark_seq == i + 1 else "  "
-            cells = " ".join(_cell(p[i] if i < len(p) else None, col) for p in per_rank)
-            lines.append(f"{marker}{('#' + str(i + 1 + before)).rjust(label_w)} {cells}".rstrip())
-        if last < n:
-            lines.append(f"  ... {n - last} more")
-    if from_cpp:
-        lines.append("  * issued from C++ (DDP's reducer, functional collectives): seen by the Flight Recorder")
-    return "\n".join(lines)
+FOLD_RANKS = 8  # more ranks than this at a divergence: those alike on one line, without durations
 
 
 def format_divergence(diagnosis: Diagnosis) -> str:
@@ -101,17 +31,20 @@ def format_divergence(diagnosis: Diagnosis) -> str:
         return ""
     first = next(iter(div.records.values()), None)
     lines = [f"at collective #{first.number if first is not None else div.seq} of group {div.pg}:"]
+    fold = len(div.records) + len(div.absent) > FOLD_RANKS
+    texts = {}
     for r, rec in sorted(div.records.items()):
         args = "".join(f" {text}" for text, shown in ((f"op={rec.reduce_op}", rec.reduce_op),
                                                       (rec.root_text, rec.root is not None),
                                                       (f"splits={rec.splits}", rec.splits)) if shown)
-        lines.append(f"  rank {r}: {rec.op} shapes={rec.shapes or '-'} dtype={rec.dtype or '-'}{args} "
-                     f"{'async ' if rec.async_op else ''}{rec.state}"
-                     f"{'' if rec.duration is None else f' in {rec.duration * 1000:.1f} ms'}")
+        took = "" if rec.duration is None or fold else f" in {rec.duration * 1000:.1f} ms"
+        texts[r] = (f"{rec.op} shapes={rec.shapes or '-'} dtype={rec.dtype or '-'}{args} "
+                    f"{'async ' if rec.async_op else ''}{rec.state}{took}")
         if rec.site:
-            lines.append(f"          at {short_site(rec.site, 4)}{f' (thread {rec.thread})' if rec.thread else ''}")
-    for r in div.absent:
-        lines.append(f"  rank {r}: never entered it")
+            texts[r] += f"\n          at {short_site(rec.site, 4)}{f' (thread {rec.thread})' if rec.thread else ''}"
+    texts.update(dict.fromkeys(div.absent, "never entered it"))
+    pairs = _folded(texts) if fold else [(f"rank {r}", text) for r, text in texts.items()]
+    lines += [f"  {who}: {text}" for who, text in pairs]
     return "\n".join(lines)
 
 
