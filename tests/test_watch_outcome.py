@@ -72,12 +72,11 @@ def test_peers_that_never_appeared():
     assert peers_line(waiting, 30) == (
         "peers never appeared: rank 0 (pid 10) (and 1 more) waited 30 s (--timeout) in init_process_group at "
         "train.py:7; ranks 1,3 of 4 never joined (a node or process that never started, or another "
-        "MASTER_ADDR/MASTER_PORT); ending the job")
+        "MASTER_ADDR/MASTER_PORT)")
     agent = Joining(pid=5, since=0.0, rank=0, world=2, waits=Waits.RENDEZVOUS)
     assert peers_line([agent], 9) == (
         "peers never appeared: the launcher (pid 5) waited 9 s (--timeout) in its rendezvous as node 0 of 2; "
-        "node 1 of 2 never joined (a node or process that never started, or another MASTER_ADDR/MASTER_PORT); "
-        "ending the job")
+        "node 1 of 2 never joined (a node or process that never started, or another MASTER_ADDR/MASTER_PORT)")
     unknown = Joining(pid=7, since=0.0)
     assert "pid 7 waited 9 s (--timeout) in init_process_group (a node" in peers_line([unknown], 9)
 

@@ -48,7 +48,7 @@ def test_members_waiting_for_one_that_never_connected_are_a_verdict_after_the_ti
     assert peers_line(found, 10) == (
         "group openrlhf: 3 of 4 members joined (store 127.0.0.1:29500); member 3 never connected (the others "
         "waited 10 s, --timeout: 0: pid 10, 1: pid 11, 2: pid 12); created at "
-        "openrlhf/utils/distributed_util.py:47 <- job.py:40; ending the job")
+        "openrlhf/utils/distributed_util.py:47 <- job.py:40")
 
 
 def test_a_complete_or_unknown_side_group_is_only_slow():

@@ -192,7 +192,7 @@ class Engine:
                 self._report_attempt(ended, self._attempt())
             self.attempt_done = True
         elif self._peers_never_appeared(now):  # a side group's members are followed beside the ranks
-            self.front.say(f"{PROG}: {self.peers_missing}")
+            self.front.say(f"{PROG}: {self.peers_missing}; ending the job")
             self.front.end_job(None)
             self.ended_by_watch = True
         return False

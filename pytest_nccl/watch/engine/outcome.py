@@ -175,14 +175,14 @@ def _side_group_line(waiting: list, timeout: float) -> str:
     pids = ", ".join(f"{j.rank}: pid {j.pid}" for j in waiting[:8])
     return (f"group {name}: {len(joined)} of {waiting[0].world or 0} members joined{store}; "
             f"member{'s' if len(never) > 1 else ''} {_shown(never)} never connected (the others waited "
-            f"{timeout:g} s, --timeout: {pids}){where}; ending the job")
+            f"{timeout:g} s, --timeout: {pids}){where}")
 
 
 def side_group_report(waiting: list, timeout: float) -> str:
     """A side group's verdict as every verdict reads: its headline, then where each member that
     joined waits (rank, pid, the line that created the group)."""
     _, never, name, _, _ = _side_group_facts(waiting)
-    lines = [_side_group_line(waiting, timeout).removesuffix("; ending the job"), "",
+    lines = [_side_group_line(waiting, timeout), "",
              f"-- where each member of group {name} is --"]
     lines += [f"  member {j.rank} (pid {j.pid}): waits for members {_shown(never)} in its creation"
               f"{f' at {j.site}' if j.site else ''}" for j in waiting if j.rank is not None]
@@ -230,7 +230,7 @@ def peers_line(waiting: list, timeout: float) -> str:
         what = (f"the launcher (pid {first.pid}) waited {timeout:g} s (--timeout) in its rendezvous{node}{nodes}"
                 f"{_missing(waiting, 'node')}")
     return (f"peers never appeared: {what} (a node or process that never started, or another "
-            "MASTER_ADDR/MASTER_PORT); ending the job")
+            "MASTER_ADDR/MASTER_PORT)")
 
 
 def no_rank_line(torch_processes: int, members: int = 0) -> str:

@@ -205,7 +205,7 @@ class Watch:
             say(f"{PROG}: {line}")
         if not self.args.quiet and (finding is not None or side_group_missing):
             head = present.headline(finding) if finding is not None else peers_missing
-            say(present.recap(PROG, head.removesuffix("; ending the job"), code))
+            say(present.recap(PROG, head, code))
         if self.args.json:
             text = present.summary(finding, exit_code=code,
                                    job_exit_code=None if returncode is None else status_of(returncode),

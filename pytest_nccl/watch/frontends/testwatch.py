@@ -44,7 +44,7 @@ class TestWatch:
             assert engine.finding is not None  # the engine ended the job on it
             self.verdict = self._verdict(engine.finding, live=True)
         elif engine.peers_missing:
-            self.verdict = LaunchedVerdict(test_words(engine.peers_missing.replace("; ending the job", "")),
+            self.verdict = LaunchedVerdict(test_words(engine.peers_missing),
                                            CollectiveTimeout.__name__, "", live=True, launcher_sees=False)
 
     def wake_at(self, now: float) -> float:
