@@ -115,14 +115,20 @@ def test_interrupt_leaves_no_process(pytester, sig):
     """Ctrl-C or SIGTERM of pytest while ranks hang: every rank and the fork server go away."""
     pytester.makepyfile(test_hang=HANG)
     tag = uuid.uuid4().hex
-    env = dict(os.environ, PYTEST_NCCL_TEST_TAG=tag)
+    # faulthandler: where pytest is, should it outlive the signal (SIGABRT dumps every thread's stack)
+    env = dict(os.environ, PYTEST_NCCL_TEST_TAG=tag, PYTHONFAULTHANDLER="1")
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "test_hang.py"],
                             cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         _wait_for_ranks(tag, expected=4)  # pytest, the fork server, 2 ranks
         time.sleep(1.0)
         proc.send_signal(sig)
-        out, _ = proc.communicate(timeout=30)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            out, _ = proc.communicate(timeout=30)
+            pytest.fail(f"pytest outlived {sig.name} by 30 s; its threads then:\n{out.decode(errors='replace')}")
     finally:
         if proc.poll() is None:
             proc.kill()
