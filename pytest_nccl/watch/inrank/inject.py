@@ -364,11 +364,9 @@ class _Rank:
 
         if exc is None:
             exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
-        # The journal is complete before the exit record says the rank ended: its last collective's
-        # C line, deferred until the next write (trace_core.pending), else a watch that read both in
-        # between took a passed rank for one that left its last collective pending, and its peer,
-        # still in at_exit, for a rank stuck there (a healthy job failed as a hang). ``stop`` also
-        # lets the default group go, as it would without us (the trace holds it).
+        # the journal complete (its last C line is deferred: trace_core.pending) before the exit record
+        # says the rank ended, else the rank looks as if it left its last collective pending; ``stop``
+        # also lets the default group go, as it would without us (the trace holds it)
         try:
             tracer.stop()
         except Exception as err:  # at exit, never in the way of the process's own status: said
