@@ -20,9 +20,7 @@ from ..core.records import RankView
 from ..core.reports import CallOutcome
 from ..core.sites import short_path, short_site
 from ..core.states import RankState, RecordState
-from .table import format_table
-
-FOLD_RANKS = 8  # more ranks than this at a divergence: those alike on one line, without durations
+from .table import format_table, one_column_each
 
 
 def format_divergence(diagnosis: Diagnosis) -> str:
@@ -31,7 +29,7 @@ def format_divergence(diagnosis: Diagnosis) -> str:
         return ""
     first = next(iter(div.records.values()), None)
     lines = [f"at collective #{first.number if first is not None else div.seq} of group {div.pg}:"]
-    fold = len(div.records) + len(div.absent) > FOLD_RANKS
+    fold = not one_column_each(len(div.records) + len(div.absent))  # then without durations, which differ
     texts = {}
     for r, rec in sorted(div.records.items()):
         args = "".join(f" {text}" for text, shown in ((f"op={rec.reduce_op}", rec.reduce_op),

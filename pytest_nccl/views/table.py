@@ -47,13 +47,18 @@ def _fit(text: str, width: int) -> str:
     return (text if len(text) <= width else text[: width - 1] + "~").ljust(width)
 
 
+def one_column_each(ranks: int, width: int = TABLE_WIDTH) -> bool:
+    """Whether ``ranks`` ranks get a column each (else alike ranks share one, and the report lists
+    alike ranks on one line elsewhere too)."""
+    return ranks <= (width - LABEL_W - 2) // (MIN_COL + 1)
+
+
 def _columns(per_rank: list[list], rows: range, width: int, keep: set) -> tuple[list[tuple[str, int]], str]:
     """The table's columns as (label, the rank whose cells it shows), and a line naming the ranks left
     out (empty when none). One per rank where they fit; else one per distinct history over ``rows``,
     those holding a rank of ``keep`` (the diagnosis's) first when not all fit."""
     world = len(per_rank)
-    fits = (width - LABEL_W - 2) // (MIN_COL + 1)
-    if world <= fits:
+    if one_column_each(world, width):
         return [(f"rank {r}", r) for r in range(world)], ""
     fits = (width - LABEL_W - 2) // (FOLDED_COL + 1)
     alike: dict[tuple, list[int]] = {}
