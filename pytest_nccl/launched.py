@@ -138,7 +138,8 @@ class Launched:
         global _fork_hook
         if self.off is not None or self.helper is not None:
             return
-        from .watch.engine import control  # noqa: F401  (inject: imported before any fork, see _forked_child)
+        from .watch.engine import control
+        from .watch.inrank import inject  # noqa: F401  (imported before any fork: see _forked_child)
 
         # the same for every test: computed once (a copy of os.environ per test would cost)
         # set once for the session (six variables per test would cost): the start-up hook does nothing
