@@ -16,7 +16,7 @@ from ..debug import debug as _debug
 from ..jobdir import RankInfo
 from ..timing import TIMING
 from .channel import Details, RankSummary
-from .follow import Followed, RemoteRank, ask_all
+from .follow import Followed, RemoteRank, all_at_once, ask_all
 from .window import REMOTE_KEEP, Window, numbered_from_start
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ class AcrossNodes:
             answers.update(ask_all(local, request, TIMING.stacks_wait))
         jobs: list[Callable[[], None]] = [ask_here]
         jobs += [functools.partial(ask_node, n) for n in by_node]
-        _all_at_once(jobs, 2 * TIMING.stacks_wait + 1.0)
+        all_at_once(jobs, 2 * TIMING.stacks_wait + 1.0)
         return answers
 
     def fresh_records(self, nodes: Nodes, ranks: list | None = None) -> None:
@@ -119,7 +119,7 @@ class AcrossNodes:
 
         def ask_node(node: int) -> None:
             answers.update(nodes.records(node, by_node[node], bases, TIMING.details_wait))
-        _all_at_once([functools.partial(ask_node, n) for n in by_node], TIMING.details_wait + 0.5)
+        all_at_once([functools.partial(ask_node, n) for n in by_node], TIMING.details_wait + 0.5)
         with m.lock:
             for r, (f, source) in stale.items():
                 answer = answers.get(r)
@@ -128,13 +128,3 @@ class AcrossNodes:
                     source.fetched = asked[r]
                 else:
                     _debug(f"rank {r}: its node did not answer for its records")
-
-
-def _all_at_once(jobs: list, wait: float) -> None:
-    """Run ``jobs`` each on a thread of its own; return once all ended, or ``wait`` passed."""
-    threads = [threading.Thread(target=job, daemon=True) for job in jobs]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + wait
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))

@@ -306,7 +306,6 @@ def _add(store, key: str, n: int) -> int:
     return store.add(key, n)
 
 
-
 def _decoded(raw: bytes | None):
     """A published JSON value; None when nothing (or nothing readable) was published."""
     try:

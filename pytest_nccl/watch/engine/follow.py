@@ -9,6 +9,7 @@ import json
 import os
 import socket
 import threading
+import time
 from typing import BinaryIO
 
 from ...core.journal import JournalTail
@@ -228,13 +229,19 @@ class Followed:
 def ask_all(followed: list, request: AgentRequest, timeout: float) -> dict:
     """Ask several ranks at once; rank -> answer (None when it did not answer in time)."""
     answers: dict = {}
-    threads = [threading.Thread(target=lambda f=f: answers.__setitem__(f.rank, f.ask(request, timeout)),
-                                daemon=True) for f in followed]
+    all_at_once([lambda f=f: answers.__setitem__(f.rank, f.ask(request, timeout)) for f in followed],
+                timeout + 0.5)
+    return answers
+
+
+def all_at_once(jobs: list, wait: float) -> None:
+    """Run ``jobs`` each on a thread of its own; return once all ended, or ``wait`` passed."""
+    threads = [threading.Thread(target=job, daemon=True) for job in jobs]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + wait
     for t in threads:
-        t.join(timeout + 0.5)
-    return answers
+        t.join(max(0.0, deadline - time.monotonic()))
 
 
 def read_text(path: str) -> str:
