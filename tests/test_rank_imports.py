@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 RANK_SIDE = ("pytest_nccl.rank.tracer", "pytest_nccl.watch.inrank.inject", "pytest_nccl.watch.inrank.sidegroups",
-             "pytest_nccl.watch.inrank.agent", "pytest_nccl.watch.inrank.fold",
+             "pytest_nccl.watch.inrank.agent", "pytest_nccl.watch.inrank.fold", "pytest_nccl.watch.inrank.exitrecord",
              "pytest_nccl.rank.adopted",
              "pytest_nccl.core.reports")
 CONTROLLER_ONLY = ("pytest_nccl.core.diagnosis", "pytest_nccl.core.referee", "pytest_nccl.core.judge",

@@ -13,7 +13,7 @@ torch (``startup/sitecustomize.py`` calls ``after_torch``). Imports only the ran
   once the default group exists the process is a rank, whatever gave it its rank and world
   (environment, arguments, an ``init_method`` URL, a store): it starts the journal, starts the agent
   thread (``agent.py``), writes ``rank-R.json``, enables faulthandler into ``fatal-R.txt`` (unless
-  the script enabled it already) and, at exit, writes ``exit-R.json``: raised (the unhandled
+  the script enabled it already) and, at exit, writes ``exit-R.json`` (``exitrecord``): raised (the unhandled
   exception), exited through ``sys.exit`` with a non-zero status, or passed. A ``multiprocessing``
   child (``mp.spawn``, ``Process``) writes it from multiprocessing's own exit path, which sees the
   exception its target raised (a forked child ends with ``os._exit``: no ``atexit``). A killed
@@ -37,6 +37,7 @@ import sys
 from typing import TYPE_CHECKING, TextIO
 
 from .. import jobdir
+from . import exitrecord
 from .ownranks import created_by_pytest_nccl
 from .worlds_rank import launcher_env, world_key
 
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
     from .agent import Agent
 
 _rank: "_Rank | None" = None    # once the default group exists in this process
-_exit_status: object = None     # what sys.exit was called with
 _forked = False                 # forked from a test's pytest process (after_fork): its faulthandler is pytest's
 WRAPPED = "_pytest_nccl_watch"  # set on what the watch wrapped: never wrapped twice
 
@@ -67,7 +67,7 @@ def after_torch() -> None:
             return
         from ...rank import tracer
 
-        _wrap_sys_exit()
+        exitrecord.wrap_sys_exit(WRAPPED)
         tracer.install()
         _wrap_init_process_group()
         from . import sidegroups
@@ -90,7 +90,7 @@ def after_fork() -> None:
         return
     try:
         _forked = True
-        _wrap_sys_exit()
+        exitrecord.wrap_sys_exit(WRAPPED)
         _wrap_init_process_group()
     except Exception as exc:  # never stop the user's process: said, it runs untraced
         _warn(f"collectives are not traced in this process ({type(exc).__name__}: {exc})")
@@ -258,21 +258,6 @@ def _note_joining(*, rank, world, site: str, what: str, group: str = "", store: 
         return None
 
 
-def _wrap_sys_exit() -> None:
-    real = sys.exit
-    if getattr(real, WRAPPED, False):
-        return
-
-    def exit(status=None):
-        global _exit_status
-        _exit_status = status
-        real(status)
-
-    exit.__doc__ = real.__doc__
-    vars(exit)[WRAPPED] = True
-    sys.exit = exit
-
-
 def _started(self_judged: bool = False) -> None:
     global _rank
     if _rank is not None and _rank.pid == os.getpid():
@@ -372,32 +357,10 @@ class _Rank:
         except Exception as err:  # at exit, never in the way of the process's own status: said
             _warn(f"the journal's last lines may be missing ({type(err).__name__}: {err})")
         try:
-            record = _outcome(self.rank, exc)
+            record = exitrecord.outcome(self.rank, exc)
             record.ended = time.time()
             jobdir.write_text(jobdir.exit_record(self.directory, self.rank), record.to_json())
         except Exception as err:  # at exit, never in the way of the process's own status: said
             _warn(f"no exit record ({type(err).__name__}: {err})")
         if self.agent is not None:
             self.agent.close()
-
-
-def _outcome(rank: int, exc: BaseException | None):
-    """How the process ends, as its exit record (``core.reports.RankReport``): raised (the exception;
-    a SystemExit raised while handling one, as ``mp.spawn``'s wrapper does, is that one),
-    ``sys.exit`` with a non-zero status, or passed."""
-    from ...core.reports import RankReport
-    from ...core.states import RankState
-
-    status = _exit_status
-    if isinstance(exc, SystemExit):
-        cause = exc.__context__
-        status = exc.code
-        exc = cause if status not in (None, 0) and isinstance(cause, Exception) else None
-    if exc is not None and not isinstance(exc, SystemExit):
-        from ...rank.stacks import describe_exception, format_exception
-
-        _, exc_type, text, message = describe_exception(exc, lambda e: format_exception(e, cut_to_user=True))
-        return RankReport(rank, RankState.FAILED, exc_type=exc_type, exc_text=text, message=message)
-    if status not in (None, 0):
-        return RankReport(rank, RankState.FAILED, exc_type="SystemExit", message=f"SystemExit: {status}")
-    return RankReport(rank, RankState.PASSED)
