@@ -48,24 +48,66 @@ def early_of(pg) -> int:
     return BY_DEVICE if "gloo" in name else ON_STREAM
 
 
-def watched(g: core.GroupTrace, value) -> bool:
-    """Whether a call of group ``g`` on ``value`` may return before its work completed: its Work is
-    asked (``completed_work``) once the call or its wait returned."""
+# How a call that returned completes (the mode kept with each async call's Work):
+ON_ITS_RETURN, BY_WORK, BY_STREAM = 0, 1, 2
+
+
+def watched(g: core.GroupTrace, value) -> int:
+    """How a call of group ``g`` on ``value`` completes: ON_ITS_RETURN (gloo, or CPU tensors of a
+    "cpu:gloo,cuda:nccl" group); BY_STREAM (a CUDA tensor of NCCL: its stream runs it later);
+    BY_WORK (the rest that may return first, as a backend written in Python: its Work says)."""
     if g.early == UNKNOWN:
         g.early = early_of(g.pg if g.pg is not None else core.default_group())
-    return g.early == ON_STREAM or (g.early == BY_DEVICE and not _on_cpu(value))
+    if g.early == ON_RETURN or (g.early == BY_DEVICE and _on_cpu(value)):
+        return ON_ITS_RETURN
+    return BY_STREAM if _device_type(value) == "cuda" else BY_WORK
 
 
-def incomplete(g: core.GroupTrace, value, work) -> bool:
-    """A synchronous call of group ``g`` on ``value`` returned, its Work ``work``: whether the work is
-    still to complete (journaled in flight, then polled)."""
-    return watched(g, value) and not completed_work(work)
+def incomplete(g: core.GroupTrace, value, work):
+    """A synchronous call of group ``g`` on ``value`` returned, with the Work ``work`` its group's
+    method gave (or None): what tells when its work completes (journaled in flight, then polled),
+    or None: complete."""
+    return pending_after(watched(g, value), work)
+
+
+def pending_after(mode: int, work):
+    """After a synchronous call or a ``Work.wait`` returned: what to poll until the collective
+    completed, or None. BY_STREAM: an event recorded now on the current CUDA stream, which c10d
+    orders after the collective once either returned (NCCL ran it on that stream, or made the
+    stream wait for it); so it holds whatever Work the release returns, none included."""
+    if mode == BY_STREAM:
+        try:
+            event = torch.cuda.Event()
+            event.record()
+            return None if event.query() else StreamMark(event)
+        except Exception:  # no CUDA after all (a tensor of a device torch cannot record on): the Work says
+            mode = BY_WORK
+    if mode == BY_WORK and work is not None and not completed_work(work):
+        return work
+    return None
+
+
+class StreamMark:
+    """A CUDA event recorded on the current stream after a collective: it completes when the
+    collective and what the stream ran before it did."""
+
+    __slots__ = ("event",)
+
+    def __init__(self, event):
+        self.event = event
+
+    def is_completed(self) -> bool:
+        return bool(self.event.query())
 
 
 def _on_cpu(value) -> bool:
+    return _device_type(value) in (None, "cpu")
+
+
+def _device_type(value) -> str | None:
     first = value[0] if isinstance(value, (list, tuple)) and value else value
     device = getattr(first, "device", None)
-    return device is None or device.type == "cpu"
+    return None if device is None else device.type
 
 
 def completed_work(work) -> bool:
@@ -86,7 +128,7 @@ _BASE_IS_COMPLETED = dist.Work.is_completed
 
 def returned_incomplete(trace: core.CallTrace, work, label: str, seq: int, index: int = -1) -> None:
     """The call (or its Work.wait) returned before its work completed: journal it in flight (Q); the
-    flusher writes its C line when the work completes."""
+    flusher writes its C line when ``work`` (its Work, or a StreamMark) completes."""
     if not _poll_device:
         _poll_device.append(_cuda_device())
     trace.in_flight[id(work) if index < 0 else (id(work), index)] = (work, label, seq, index, True)
@@ -134,13 +176,14 @@ def traced_wait(real):
         entry = trace.async_pending.pop(id(self), None) if trace is not None else None
         if entry is None or trace is None:
             return real(self, *args, **kwargs)
-        _, label, seq, index, watch = entry
+        _, label, seq, index, mode = entry
         trace.writer.waiting(label, seq, perf_counter() - trace.t0, index)
         result = real(self, *args, **kwargs)
-        if not watch or completed_work(self):
+        held = pending_after(mode, self)
+        if held is None:
             trace.writer.completed(label, seq, perf_counter() - trace.t0, index)
         else:
-            returned_incomplete(trace, self, label, seq, index)
+            returned_incomplete(trace, held, label, seq, index)
         return result
     core.mark_traced(wait, real)
     return wait

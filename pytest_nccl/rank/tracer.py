@@ -111,8 +111,8 @@ def {name}({params}):
         local.work = None  # not held: its tensors are the job's
     if async_op_ and result is not None:
         pend(trace, g, value, result, label, seq, ({pos}))
-    elif work is not None and g.early != ON_RETURN and incomplete(g, value, work):  # NCCL: enqueued, not run
-        returned_incomplete(trace, work, label, seq)
+    elif g.early != ON_RETURN and (held := incomplete(g, value, work)) is not None:  # NCCL: enqueued, not run
+        returned_incomplete(trace, held, label, seq)
     else:  # written with the next line, or by the flusher thread (trace_completion.FLUSH_EVERY)
         trace.pending = c_line % (c_start, seq, perf_counter_ns() - trace.t0_ns)
     if composite:
@@ -213,7 +213,7 @@ def _wrap(name: str, fn):
 _RESERVED = frozenset({"trace", "g", "async_op_", "value", "found", "key", "described", "extra", "data",
                        "plain", "seq", "label", "e_line", "c_start", "fr_seq", "now", "frame", "site", "line",
                        "pending",
-                       "result", "work", "incomplete", "returned_incomplete", "ON_RETURN",
+                       "result", "work", "held", "incomplete", "returned_incomplete", "ON_RETURN",
                        "core", "local", "fn", "Tensor", "memo", "keyed", "describe_call", "p2p", "crc32",
                        "perf_counter_ns", "site_of", "getframe", "E_LINE", "E_LINE_NO_FR", "mid_sync", "mid_async",
                        "write", "c_line", "pend", "composite"})

@@ -1,0 +1,84 @@
+"""When a collective on a CUDA tensor is complete (issue 41, measured on an H200 with torch 2.11):
+a synchronous NCCL call's group method returns no Work there, so the tracer marks the current
+stream instead (an event recorded once the call, or its Work.wait, returned), which c10d orders
+after the collective whatever the release returns. CPU-only here: a fake event stands in for
+CUDA's, and a fake tensor for a CUDA one (the tracer reads only its device)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pytest_nccl.rank import trace_completion as completion
+from pytest_nccl.rank.trace_core import GroupTrace
+
+
+class FakeEvent:
+    """torch.cuda.Event as the tracer uses it: recorded on the current stream, then queried."""
+
+    done = False
+    recorded = 0
+
+    def record(self):
+        FakeEvent.recorded += 1
+
+    def query(self):
+        return FakeEvent.done
+
+
+class OnCuda:
+    device = torch.device("cuda", 0)
+
+
+class Work:
+    def __init__(self, done: bool):
+        self.done = done
+
+    def is_completed(self):
+        return self.done
+
+
+def group(early: int) -> GroupTrace:
+    g = GroupTrace("default", "", None)
+    g.early = early
+    return g
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    FakeEvent.done, FakeEvent.recorded = False, 0
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+
+
+def test_a_cuda_tensors_collective_completes_when_the_current_stream_got_past_it(fake_cuda):
+    g = group(completion.ON_STREAM)
+    assert completion.watched(g, OnCuda()) == completion.BY_STREAM
+    held = completion.incomplete(g, OnCuda(), None)  # torch 2.11: the sync call gave no Work
+    assert isinstance(held, completion.StreamMark) and FakeEvent.recorded == 1
+    assert not held.is_completed() and not completion.completed_work(held)
+    FakeEvent.done = True
+    assert held.is_completed() and completion.completed_work(held)
+    # a stream that ran it by the time the call returned: complete at once, nothing to poll
+    assert completion.incomplete(g, OnCuda(), Work(False)) is None
+
+
+def test_after_a_wait_the_stream_is_marked_whatever_the_work_says(fake_cuda):
+    held = completion.pending_after(completion.BY_STREAM, Work(True))
+    assert isinstance(held, completion.StreamMark)  # the Work's own word is not asked
+    FakeEvent.done = True
+    assert completion.pending_after(completion.BY_STREAM, Work(False)) is None
+
+
+def test_other_tensors_keep_their_works_word(fake_cuda):
+    for early, value, mode in [(completion.ON_STREAM, torch.ones(1), completion.BY_WORK),  # a Python backend
+                               (completion.BY_DEVICE, torch.ones(1), completion.ON_ITS_RETURN),  # cpu:gloo
+                               (completion.BY_DEVICE, OnCuda(), completion.BY_STREAM),  # cuda:nccl
+                               (completion.ON_RETURN, OnCuda(), completion.ON_ITS_RETURN)]:  # gloo
+        assert completion.watched(group(early), value) == mode, (early, value)
+    g = group(completion.ON_STREAM)
+    pending = Work(False)
+    assert completion.incomplete(g, torch.ones(1), pending) is pending
+    assert completion.incomplete(g, torch.ones(1), Work(True)) is None
+    assert completion.incomplete(g, torch.ones(1), None) is None
+    assert completion.incomplete(group(completion.ON_RETURN), OnCuda(), pending) is None
+    assert FakeEvent.recorded == 0
