@@ -13,6 +13,7 @@ import pytest
 from collective_records import record, view
 from conftest import line_of, run_fresh, run_scenarios
 
+from pytest_nccl.core.diagnosis import diagnose
 from pytest_nccl.core.journal import parse_journal
 from pytest_nccl.core.nccl_env import RANK_ENV, nccl_env
 from pytest_nccl.core.states import RecordState
@@ -289,6 +290,16 @@ def test_a_rank_waits_for_its_first_collective_in_flight_unless_it_sits_in_a_cal
     inside = record(0, 3, state=RecordState.ENTERED)  # a blocking call after them: the CPU is in it
     assert view(0, "running", [first, second, inside]).current is inside
     assert view(0, "running", [record(0, 1)]).current is None
+
+
+def test_every_rank_waiting_for_the_same_collective_in_flight_is_held_on_the_device():
+    """Every rank's CPU got past it (world 1 behind a long kernel, on a GPU): no peer is missing, so
+    the headline says what can hold an enqueued collective instead of blaming a peer."""
+    ranks = [view(r, "running", [record(r, 1), record(r, 2, state=RecordState.IN_FLIGHT)]) for r in (0, 1)]
+    h = diagnose(ranks, "timeout", 8).headline
+    assert h == ("every rank is waiting for all_reduce #2 of group default from /w/test_x.py:5 (enqueued, not "
+                 "completed) and none completed within the 8 s bound (every rank enqueued it: a kernel before it on a stream "
+                 "that does not finish, or a transport problem)"), h
 
 
 def test_a_member_that_issued_it_behind_a_synchronous_collective_in_flight_cannot_reach_it():

@@ -109,8 +109,11 @@ def _hang(running: list[RankView], views: dict, at: list[CollectiveRecord], boun
     within = f"within {words.bound(bound)}"
     inside = "waiting for" if rec.state == RecordState.IN_FLIGHT else "inside"  # NCCL: at a sync point
     if len(running) == len(views):
-        return Diagnosis(Kind.HANG, f"every rank is {inside} {where(rec)} and none completed {within} "
-                         "(a transport or peer problem: all ranks entered it)", names, rec.pg, rec.seq)
+        # in flight: every rank's CPU got past it, so what holds it is on the device, not a peer
+        why = ("every rank enqueued it: a kernel before it on a stream that does not finish, or a transport "
+               "problem" if rec.state == RecordState.IN_FLIGHT else "a transport or peer problem: all ranks entered it")
+        return Diagnosis(Kind.HANG, f"every rank is {inside} {where(rec)} and none completed {within} ({why})",
+                         names, rec.pg, rec.seq)
     if rec.p2p:
         members = set(names) | {p.peer for r in at for p in (r.blocking_p2p() or r.p2p)}
     else:
