@@ -3,6 +3,9 @@ completed is what the rank waits for at its sync point, in the watch's verdict a
 
 from __future__ import annotations
 
+import os
+
+import torch
 from watch_support import JOBS, line_in, run_watch, torchrun, untouched, verdict_ok
 
 JOB = JOBS / "nccl_model_job.py"
@@ -22,3 +25,25 @@ def test_an_uneven_last_step_names_the_collective_the_rank_waits_for_at_its_sync
     # whatever torchrun wrote while it was being ended, the verdict is the watch's last line (issue 40)
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("pytest-nccl watch: verdict (exit 3): rank 1 exited normally after 44 collectives"), last
+
+
+# One rank (NCCL refuses two on one GPU): on a GPU host real NCCL, else the model. The job's own
+# NCCL watchdog (10 min) is far past the watch's bound.
+SYNC_JOB = JOBS / "sync_point_job.py"
+ON_GPU = torch.cuda.device_count() > 0
+JOB_ENV = {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0")} if ON_GPU else {}
+
+
+def test_a_healthy_job_whose_collectives_complete_after_they_return_passes_untouched(tmp_path):
+    untouched(run_watch(tmp_path, torchrun(str(SYNC_JOB), "good", nproc=1), "--timeout", "8", **JOB_ENV), ranks=1)
+
+
+def test_a_rank_blocked_at_its_sync_point_behind_a_long_kernel_is_named_at_the_bound(tmp_path):
+    run = run_watch(tmp_path, torchrun(str(SYNC_JOB), "stuck", nproc=1), "--timeout", "8", **JOB_ENV)
+    verdict_ok(run, 8)
+    # step 6's all_reduce returned (the loop reached its sync point) and never completed
+    loss = line_in(SYNC_JOB, "the step's loss")
+    at = f"all_reduce #6 of group default from {SYNC_JOB}:{loss} (enqueued, not completed)"
+    assert f"every rank is waiting for {at} and none completed within 8 s (--timeout) (every rank enqueued it" \
+        in run.stderr, run.text
+    assert f"rank 0: waits for {at} at {SYNC_JOB}:{line_in(SYNC_JOB, 'return t.item()')}" in run.stderr, run.text

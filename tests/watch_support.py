@@ -68,7 +68,8 @@ def job_env(tag: str, pythonpath: list | None = None, inherit_pythonpath: bool =
     # CPU jobs: on a GPU host, accelerate and transformers would put rank 1 on cuda:1, which a one-GPU
     # host lacks ("invalid device ordinal" in accelerate's barrier, seen on an H200)
     env.update(PYTEST_NCCL_TEST_TAG=tag, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
-               PYTHONPATH=os.pathsep.join(paths), **extra)
+               PYTHONPATH=os.pathsep.join(paths))
+    env.update(extra)  # a job on the GPU names CUDA_VISIBLE_DEVICES here
     # the launchers the tests name (torchrun, accelerate, deepspeed) from this interpreter's environment
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     return env
