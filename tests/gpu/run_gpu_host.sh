@@ -15,7 +15,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 RESULTS=${1:-${OUT:-gpu-host-results}}
 PY=${PY:-python3}
-XDIST=${XDIST:-10}
+XDIST=${XDIST:-12}
 mkdir -p "$RESULTS"
 RESULTS=$(cd "$RESULTS" && pwd)
 export PYTHONUNBUFFERED=1 PYTEST_ADDOPTS="" PYTEST_LIVE_LOG="$RESULTS/failures.log"
@@ -39,10 +39,11 @@ phase() {
   say "nccl: $("$PY" -c 'import torch; print(torch.cuda.nccl.version())' 2>&1 | tail -1)"
 } 
 
-phase "tests/gpu" 170 "$RESULTS/gpu.log" tests/gpu -rfEP --durations=8  # -rP: what the NCCL checks measured
+# with the watch over real NCCL jobs (tests/test_watch_nccl_model.py: on a GPU its one-rank job runs on NCCL)
+phase "tests/gpu" 220 "$RESULTS/gpu.log" tests/gpu tests/test_watch_nccl_model.py -rfEP --durations=8  # -rP: what the NCCL checks measured
 
 # The rest together: xdist workers, the suites and the serial tests share the host's cores.
-phase "project tests -n $XDIST" 260 "$RESULTS/tests_xdist.log" tests -n "$XDIST" --ignore=tests/gpu -rfE --durations=15 &
+phase "project tests -n $XDIST" 240 "$RESULTS/tests_xdist.log" tests -n "$XDIST" --ignore=tests/gpu -rfE --durations=15 &
 xdist=$!
 phase "suites world 2" 260 "$RESULTS/suites.log" --nccl-world=2 suites -rfEX &
 suites=$!

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import line_of
+from conftest import line_of, run_inner_once
 
 from pytest_nccl.core.nccl_env import nccl_env
 
@@ -67,7 +67,7 @@ def test_an_all_reduce_behind_a_long_kernel_is_in_flight_until_the_stream_ran_it
     assert float(out.split("returned_s=")[1].split()[0]) < 0.5, out  # enqueued, not run
 
 
-SETTINGS_AND_SYNC_POINT = """
+SETTINGS = """
 import os, pytest, torch
 import torch.distributed as dist
 
@@ -75,7 +75,9 @@ import torch.distributed as dist
 def test_settings(rank, device):
     assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3" and "TORCH_NCCL_BLOCKING_WAIT" not in os.environ
     assert os.environ.get("TORCH_FR_BUFFER_SIZE") or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")
+"""
 
+SYNC_POINT = """
 @pytest.mark.nccl(world=1, backend="nccl")
 def test_stuck_at_item(rank, device):
     t = torch.ones(4, device=device)
@@ -84,10 +86,28 @@ def test_stuck_at_item(rank, device):
     t[0].item()  # the sync point
 """
 
+INNER_LIMIT = 90  # the inner session takes ~15 s on an H200; past this its stacks say where it waits
 
-def test_a_rank_at_its_sync_point_waits_for_the_all_reduce_in_flight(run_inner):
-    inner = run_inner(SETTINGS_AND_SYNC_POINT, "--nccl-timeout=8")
-    assert inner.result.parseoutcomes() == {"passed": 1, "failed": 1}, inner.text
-    line = line_of(SETTINGS_AND_SYNC_POINT, "enqueued behind it")
+
+def _inner(tmp_path_factory, source: str):
+    """The inner session, bounded: one that does not end is a failure that shows its controller's
+    threads (pytest's faulthandler_timeout), not a GPU run cut off with no word of why."""
+    try:
+        return run_inner_once(tmp_path_factory, source, "--nccl-timeout=8", "-o", "faulthandler_timeout=45",
+                              timeout=INNER_LIMIT)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the inner session did not end within {INNER_LIMIT} s:\n{exc.stdout}\n{exc.stderr}")
+
+
+@pytest.mark.parametrize("first", ["alone", "after-a-passing-test"])
+def test_a_rank_at_its_sync_point_waits_for_the_all_reduce_in_flight(tmp_path_factory, first):
+    """On the H200, alone: decided at the bound with this headline (14 s). After a passing test on
+    the same rank it did not end within 80 s (not yet understood: this run's stacks will say)."""
+    source = (SETTINGS if first != "alone" else SETTINGS.split("@pytest")[0]) + SYNC_POINT
+    inner = _inner(tmp_path_factory, source)
+    expected = {"passed": 1, "failed": 1} if first != "alone" else {"failed": 1}
+    assert inner.result.parseoutcomes() == expected, inner.text
+    line = line_of(source, "enqueued behind it")
     assert (f"every rank is waiting for all_reduce #1 of group default from test_inner.py:{line} (enqueued, not "
             "completed) and none completed within the 8 s bound") in inner.text, inner.text
+    assert f"at test_inner.py:{line + 1}: t[0].item()" in inner.text, inner.text
