@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -37,12 +38,21 @@ def hooked(tmp_path: Path, argv: list, pythonpath: list | None = None, cwd: Path
     env = job_env(tag, pythonpath, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     env["PYTHONPATH"] = os.pathsep.join([STARTUP_DIR, env["PYTHONPATH"]])
     env.update({jobdir.ENV_DIR: str(directory), jobdir.ENV_PKG: str(REPO)})
-    proc = subprocess.run([sys.executable, *argv], cwd=cwd or tmp_path, env=env, capture_output=True, text=True,
-                          timeout=HOOK_TIMEOUT, stdin=subprocess.DEVNULL, check=False)
+    proc = subprocess.Popen([sys.executable, *argv], cwd=cwd or tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        out, err = proc.communicate(timeout=HOOK_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        # the hook's faulthandler writes every thread's stack to the job directory on SIGABRT: a
+        # process that does not end says where it waits (one did, on CI, after its last line)
+        proc.send_signal(signal.SIGABRT)
+        out, err = proc.communicate()
+        stacks = "\n".join(p.read_text() for p in directory.rglob("fatal-*.txt"))
+        pytest.fail(f"the process did not end within {HOOK_TIMEOUT} s; its threads:\n{stacks}\n{err}\n{out}")
     assert_no_leftovers(tag)
-    assert proc.returncode == 0, proc.stderr
-    assert "pytest-nccl watch" not in proc.stderr, proc.stderr  # no warning from the hook
-    return json.loads(proc.stdout.strip().splitlines()[-1]), directory
+    assert proc.returncode == 0, err
+    assert "pytest-nccl watch" not in err, err  # no warning from the hook
+    return json.loads(out.strip().splitlines()[-1]), directory
 
 
 def _lazy_loader_imports_torch() -> bool:
