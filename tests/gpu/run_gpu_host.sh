@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The project's checks on a GPU host, in one go, in under 8 minutes on a 16-core one-GPU host:
+# The project's checks on a GPU host, in one go, in 8-9 minutes at most on a 16-core one-GPU host:
 #   1. tests/gpu, alone on the GPU;
 #   2. the project's own tests under xdist (CUDA visible), beside the suites at world 2 (gloo
 #      fallback with CUDA visible) and, without xdist, the tests that place ranks and start groups;
@@ -10,7 +10,7 @@
 # summary at the end lists every failed test and each phase's exit status.
 #
 # Use: bash tests/gpu/run_gpu_host.sh [RESULTS_DIR]   (default: $OUT, else ./gpu-host-results)
-# Environment: PY (the python with torch; default python3), XDIST (workers; default 6).
+# Environment: PY (the python with torch; default python3), XDIST (workers; default 12).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 RESULTS=${1:-${OUT:-gpu-host-results}}
