@@ -298,8 +298,8 @@ def test_every_rank_waiting_for_the_same_collective_in_flight_is_held_on_the_dev
     ranks = [view(r, "running", [record(r, 1), record(r, 2, state=RecordState.IN_FLIGHT)]) for r in (0, 1)]
     h = diagnose(ranks, "timeout", 8).headline
     assert h == ("every rank is waiting for all_reduce #2 of group default from /w/test_x.py:5 (enqueued, not "
-                 "completed) and none completed within the 8 s bound (every rank enqueued it: a kernel before it on a stream "
-                 "that does not finish, or a transport problem)"), h
+                 "completed) and none completed within the 8 s bound (every rank enqueued it: a kernel before "
+                 "it on a stream that does not finish, or a transport problem)"), h
 
 
 def test_a_member_that_issued_it_behind_a_synchronous_collective_in_flight_cannot_reach_it():
