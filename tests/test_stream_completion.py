@@ -48,6 +48,7 @@ def group(early: int) -> GroupTrace:
 def fake_cuda(monkeypatch):
     FakeEvent.done, FakeEvent.recorded = False, 0
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
 
 
 def test_a_cuda_tensors_collective_completes_when_the_current_stream_got_past_it(fake_cuda):
@@ -82,3 +83,27 @@ def test_other_tensors_keep_their_works_word(fake_cuda):
     assert completion.incomplete(g, torch.ones(1), None) is None
     assert completion.incomplete(group(completion.ON_RETURN), OnCuda(), pending) is None
     assert FakeEvent.recorded == 0
+
+
+def test_nothing_is_recorded_on_a_stream_that_captures_a_cuda_graph(fake_cuda, monkeypatch):
+    """A collective captured into a CUDA graph runs at the graph's replay; an event recorded and
+    queried during the capture would end it (healthy code failed)."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert completion.pending_after(completion.BY_STREAM, Work(False)) is None
+    assert FakeEvent.recorded == 0
+
+
+def test_the_flusher_thread_queries_in_thread_local_capture_mode(monkeypatch):
+    """NCCL's watchdog does the same: in the default (global) capture mode, an event query from any
+    thread while another captures a CUDA graph invalidates that capture (pytorch/pytorch#148594)."""
+    asked = []
+
+    class Runtime:
+        def cudaThreadExchangeStreamCaptureMode(self, mode):  # noqa: N802 (the runtime's name)
+            asked.append(mode._obj.value)
+            return 0  # cudaSuccess
+
+    monkeypatch.setattr(completion, "_loaded_cudart", Runtime)
+    assert completion.lenient_capture_mode() and asked == [1]  # cudaStreamCaptureModeThreadLocal
+    monkeypatch.setattr(completion, "_loaded_cudart", lambda: None)  # a runtime linked statically
+    assert not completion.lenient_capture_mode()

@@ -77,6 +77,8 @@ def pending_after(mode: int, work):
     stream wait for it); so it holds whatever Work the release returns, none included."""
     if mode == BY_STREAM:
         try:
+            if torch.cuda.is_current_stream_capturing():  # a CUDA graph being captured: nothing runs
+                return None  # until it is replayed, and an event queried in it would end the capture
             event = torch.cuda.Event()
             event.record()
             return None if event.query() else StreamMark(event)
@@ -152,11 +154,43 @@ def _cuda_device():
         return None
 
 
+def lenient_capture_mode() -> bool:
+    """Put this thread's CUDA stream-capture mode to thread-local, as NCCL's watchdog does for its
+    own: in the default (global) mode an event query from any thread while the job's thread captures
+    a CUDA graph invalidates that capture. The runtime is the one torch loaded; whether it was set."""
+    try:
+        import ctypes
+
+        lib = _loaded_cudart()
+        if lib is None:
+            return False
+        mode = ctypes.c_int(_CAPTURE_MODE_THREAD_LOCAL)
+        return lib.cudaThreadExchangeStreamCaptureMode(ctypes.byref(mode)) == 0
+    except Exception:  # a runtime without it: the flusher polls as before
+        return False
+
+
+_CAPTURE_MODE_THREAD_LOCAL = 1  # cudaStreamCaptureModeThreadLocal (Global 0, Relaxed 2)
+
+
+def _loaded_cudart():
+    """The CUDA runtime library this process loaded (torch's), or None."""
+    import ctypes
+
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.rstrip("\n").rpartition(" ")[2]
+            if os.path.basename(path).startswith("libcudart.so"):
+                return ctypes.CDLL(path)
+    return None
+
+
 def _poll_in_flight(trace: core.CallTrace) -> None:
     """Write the C line of every collective in flight whose work completed since the last look."""
     global _poll_device_set
     if not _poll_device_set and _poll_device and _poll_device[0] is not None:
         torch.cuda.set_device(_poll_device[0])
+        lenient_capture_mode()
         _poll_device_set = True
     done = b""
     for key, (work, label, seq, index, _) in list(trace.in_flight.items()):
