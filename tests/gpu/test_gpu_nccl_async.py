@@ -95,8 +95,9 @@ def _inner(tmp_path_factory, source: str):
     try:
         return run_inner_once(tmp_path_factory, source, "--nccl-timeout=8", "-o", "faulthandler_timeout=45",
                               timeout=INNER_LIMIT)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"the inner session did not end within {INNER_LIMIT} s:\n{exc.stdout}\n{exc.stderr}")
+    except subprocess.TimeoutExpired as exc:  # its output so far, as bytes (subprocess decodes only at the end)
+        out, err = (o.decode(errors="replace") if isinstance(o, bytes) else o or "" for o in (exc.stdout, exc.stderr))
+        pytest.fail(f"the inner session did not end within {INNER_LIMIT} s:\n{out}\n{err}")
 
 
 @pytest.mark.parametrize("first", ["alone", "after-a-passing-test"])
