@@ -1,4 +1,4 @@
-"""Smoke tests of the benchmark's helpers (benchmarks/bench_cold.py): the files it generates, the
+"""Smoke tests of the benchmark's helpers (benchmarks/bench_cold.py, whole_process.py): the files it generates, the
 commands it runs, its A/B bookkeeping and its clean-up. No timing is asserted."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import bench_cold  # noqa: E402
+import whole_process  # noqa: E402
 
 
 def test_generated_files_compile_and_hold_the_tests(tmp_path):
@@ -47,7 +48,7 @@ def test_commands(tmp_path, runner):
 
 
 def test_plan_and_summary():
-    cmds = {n: bench_cold.Command(n, ["true"], "") for n in
+    cmds = {n: whole_process.Command(n, ["true"], "") for n in
             ("floor", "pytest-floor", "ours-1", "ours-20", "mpct-1", "mpct-20", "mptc-1", "mptc-20")}
     keys = [c.key for c in bench_cold.plan(cmds, 20, pairs=5, spawn_pairs=0)]
     assert keys == ["one-test vs MultiProcContinuousTest", "one-test vs import floor", "one-test vs pytest floor",
@@ -56,8 +57,8 @@ def test_plan_and_summary():
     assert comps[-1].key == "20-test vs MultiProcessTestCase" and comps[-1].pairs == 2
 
     comp = comps[0]
-    comp.runs_a = [bench_cold.Run(w, 1.0, 0) for w in (1.0, 2.0, 3.0)]
-    comp.runs_b = [bench_cold.Run(w, 2.0, 0) for w in (4.0, 4.0, 6.0)]
+    comp.runs_a = [whole_process.Run(w, 1.0, 0) for w in (1.0, 2.0, 3.0)]
+    comp.runs_b = [whole_process.Run(w, 2.0, 0) for w in (4.0, 4.0, 6.0)]
     s = comp.summary()
     assert s["ratios"] == [0.25, 0.5, 0.5] and s["ratio_median"] == 0.5
     assert s["a_median"] == 2.0 and s["b_median"] == 4.0 and s["pairs"] == 3
@@ -66,9 +67,9 @@ def test_plan_and_summary():
 
 
 def test_run_once_reports_a_failure(tmp_path):
-    cmd = bench_cold.Command("fails", [sys.executable, "-c", "print('no luck')"], "1 passed")
-    with pytest.raises(bench_cold.RunFailed, match="no luck"):
-        bench_cold.run_once(cmd, str(tmp_path), str(tmp_path / "log"))
+    cmd = whole_process.Command("fails", [sys.executable, "-c", "print('no luck')"], "1 passed")
+    with pytest.raises(whole_process.RunFailed, match="no luck"):
+        whole_process.run_once(cmd, str(tmp_path), str(tmp_path / "log"))
 
 
 def test_nothing_a_run_starts_outlives_it(tmp_path, monkeypatch):
@@ -78,7 +79,7 @@ def test_nothing_a_run_starts_outlives_it(tmp_path, monkeypatch):
     pidfile = tmp_path / "pid"
     code = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
             f"start_new_session=True); open({str(pidfile)!r}, 'w').write(str(p.pid)); print('done')")
-    run = bench_cold.run_once(bench_cold.Command("leaks", [sys.executable, "-c", code], "done"),
+    run = whole_process.run_once(whole_process.Command("leaks", [sys.executable, "-c", code], "done"),
                               str(tmp_path), str(tmp_path / "log"))
     assert run.leftovers == 1 and run.wall > 0
     pid = int(pidfile.read_text())
@@ -96,4 +97,4 @@ def test_nothing_a_run_starts_outlives_it(tmp_path, monkeypatch):
     while state() not in ("gone", "Z", "X") and time.monotonic() < deadline:
         time.sleep(0.02)
     assert state() in ("gone", "Z", "X")
-    assert bench_cold.processes_with_tag(uuid.uuid4().hex) == []
+    assert whole_process.processes_with_tag(uuid.uuid4().hex) == []
