@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import run_fresh
 
 from pytest_nccl.rank import trace_completion as completion
 from pytest_nccl.rank.trace_core import GroupTrace
@@ -107,3 +108,35 @@ def test_the_flusher_thread_queries_in_thread_local_capture_mode(monkeypatch):
     assert completion.lenient_capture_mode() and asked == [1]  # cudaStreamCaptureModeThreadLocal
     monkeypatch.setattr(completion, "_loaded_cudart", lambda: None)  # a runtime linked statically
     assert not completion.lenient_capture_mode()
+
+
+def test_a_group_method_that_returns_no_work_is_complete_when_it_returns(tmp_path):
+    """A group's own method called directly whose options make it synchronous returns no Work on
+    NCCL (torch 2.11): its record is closed when it returns (held on the stream for a CUDA tensor),
+    never left open as if its Work were still to be waited for."""
+    out = run_fresh(f"""
+        import torch, torch.distributed as dist
+        from pytest_nccl.rank import trace_groups, tracer
+        from pytest_nccl.core.journal import read_journal
+
+        class Synchronous(dist.ProcessGroup):
+            def __init__(self):
+                super().__init__(0, 1)
+
+            def getBackendName(self):
+                return "synchronous"
+
+            def allreduce(self, tensors, opts=None):
+                return None
+
+        tracer.install()
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        group = Synchronous()
+        trace_groups.adopt_group(group)
+        path = {str(tmp_path / "journal")!r}
+        tracer.start(path)
+        group.allreduce([torch.ones(2)])
+        _, dangling = tracer.stop()
+        print([(r.op, str(r.state)) for r in read_journal(path, 0)], dangling)
+    """)
+    assert out.strip() == "[('all_reduce', 'completed')] 0", out

@@ -130,10 +130,16 @@ def _method(method: str, real, record: str, contributed: int, arguments, p2p: bo
             work = real(self, *args, **kwargs)
         finally:
             local.inside = False
+        value = args[contributed] if 0 <= contributed < len(args) else None
         if work is not None:  # it completes in Work.wait (trace_completion.traced_wait)
-            watch = completion.watched(g, args[contributed] if 0 <= contributed < len(args) else None)
-            trace.async_pending[id(work)] = (work, label, seq, -1, watch)
+            trace.async_pending[id(work)] = (work, label, seq, -1, completion.watched(g, value))
             completion.adopt_work(type(work))
+        else:  # no Work (NCCL on torch 2.11, options that say synchronous): done, or held on the stream
+            held = completion.incomplete(g, value, None)
+            if held is None:
+                core.completed(trace, label, seq)
+            else:
+                completion.returned_incomplete(trace, held, label, seq)
         return work
 
     traced.__name__ = method
