@@ -126,7 +126,8 @@ def sync():
     go.wait()
     dist.all_gather([torch.zeros(2) for _ in range(2)], torch.ones(2))  # THE THREAD'S
 
-threading.Thread(target=sync, name="weight-sync", daemon=True).start()
+worker = threading.Thread(target=sync, name="weight-sync", daemon=True)
+worker.start()
 if rank == 1 or sys.argv[1] == "good":
     go.set()
     time.sleep(1.0)
@@ -134,6 +135,9 @@ else:
     threading.Timer(1.0, go.set).start()
 dist.all_reduce(torch.ones(2))  # THE MAIN THREAD'S
 dist.barrier()
+# a daemon thread still on its way back from torch's C++ when the interpreter finalizes is ended there,
+# and the process aborts ("terminate called without an active exception": a loaded host, once)
+worker.join()
 print("trained", flush=True)
 """
 
