@@ -19,16 +19,18 @@ class FakeEvent:
 
     done = False
     recorded = 0
+    streams: list = []
 
-    def record(self):
+    def record(self, stream=None):
         FakeEvent.recorded += 1
+        FakeEvent.streams.append(stream)
 
     def query(self):
         return FakeEvent.done
 
 
 class OnCuda:
-    device = torch.device("cuda", 0)
+    device = torch.device("cuda", 1)
 
 
 class Work:
@@ -47,9 +49,10 @@ def group(early: int) -> GroupTrace:
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    FakeEvent.done, FakeEvent.recorded = False, 0
+    FakeEvent.done, FakeEvent.recorded, FakeEvent.streams = False, 0, []
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: ("current stream of", device))
 
 
 def test_a_cuda_tensors_collective_completes_when_the_current_stream_got_past_it(fake_cuda):
@@ -57,6 +60,8 @@ def test_a_cuda_tensors_collective_completes_when_the_current_stream_got_past_it
     assert completion.watched(g, OnCuda()) == completion.BY_STREAM
     held = completion.incomplete(g, OnCuda(), None)  # torch 2.11: the sync call gave no Work
     assert isinstance(held, completion.StreamMark) and FakeEvent.recorded == 1
+    # the tensor's device's stream, whatever device is current (c10d orders that one after the call)
+    assert FakeEvent.streams == [("current stream of", torch.device("cuda", 1))]
     assert not held.is_completed() and not completion.completed_work(held)
     FakeEvent.done = True
     assert held.is_completed() and completion.completed_work(held)

@@ -67,20 +67,21 @@ def incomplete(g: core.GroupTrace, value, work):
     """A synchronous call of group ``g`` on ``value`` returned, with the Work ``work`` its group's
     method gave (or None): what tells when its work completes (journaled in flight, then polled),
     or None: complete."""
-    return pending_after(watched(g, value), work)
+    return pending_after(watched(g, value), work, _device_of(value))
 
 
-def pending_after(mode: int, work):
+def pending_after(mode: int, work, device=None):
     """After a synchronous call or a ``Work.wait`` returned: what to poll until the collective
-    completed, or None. BY_STREAM: an event recorded now on the current CUDA stream, which c10d
-    orders after the collective once either returned (NCCL ran it on that stream, or made the
-    stream wait for it); so it holds whatever Work the release returns, none included."""
+    completed, or None. BY_STREAM: an event recorded now on the current CUDA stream of ``device``
+    (the tensor's; the current device's for a wait), which c10d orders after the collective once
+    either returned (NCCL ran it on that stream, or made the stream wait for it); so it holds
+    whatever Work the release returns, none included."""
     if mode == BY_STREAM:
         try:
             if torch.cuda.is_current_stream_capturing():  # a CUDA graph being captured: nothing runs
                 return None  # until it is replayed, and an event queried in it would end the capture
             event = torch.cuda.Event()
-            event.record()
+            event.record(torch.cuda.current_stream(device))
             return None if event.query() else StreamMark(event)
         except Exception:  # no CUDA after all (a tensor of a device torch cannot record on): the Work says
             mode = BY_WORK
@@ -107,9 +108,13 @@ def _on_cpu(value) -> bool:
 
 
 def _device_type(value) -> str | None:
-    first = value[0] if isinstance(value, (list, tuple)) and value else value
-    device = getattr(first, "device", None)
+    device = _device_of(value)
     return None if device is None else device.type
+
+
+def _device_of(value):
+    first = value[0] if isinstance(value, (list, tuple)) and value else value
+    return getattr(first, "device", None)
 
 
 def completed_work(work) -> bool:
