@@ -1,5 +1,5 @@
 """The deciding watch at a verdict, for the ranks of other nodes (``engine/acrossnodes.py``): a node
-whose watch does not answer the verdict's question is unseen there, whatever its last beat said (a
+whose watch neither answers the verdict's question nor beats meanwhile is unseen there (a
 watch killed a second before the verdict still had a fresh beat; CI saw its rank reported "running,
 outside any collective", where it had been ended with its node)."""
 
@@ -12,28 +12,29 @@ from pytest_nccl.watch.engine.acrossnodes import AcrossNodes
 
 
 class Nodes:
-    """Two other nodes: node 1's watch is gone, node 2's answers."""
-
-    def __init__(self):
-        self.asked: list = []
+    """Other nodes: node 1's watch is gone, node 2's answers, node 3's is too slow to answer but
+    still beats."""
 
     def by_node(self, ranks):
         return {node: [r for r in ranks if r // 2 == node] for node in sorted({r // 2 for r in ranks})}
 
     def ask_agents(self, ranks, request, node):
-        self.asked.append((node, request))
-        return {} if node == 1 else {r: {"stack": f"rank {r}'s stack"} for r in ranks}
+        return {r: {"stack": f"rank {r}'s stack"} for r in ranks} if node == 2 else {}
+
+    def beat_since(self, node, since):
+        return node != 1
 
 
 def followed(rank: int):
     return SimpleNamespace(rank=rank, local=False, unseen=False, state=None)
 
 
-def test_a_node_that_does_not_answer_the_verdicts_question_is_unseen():
-    ranks = {r: followed(r) for r in (2, 3, 4, 5)}
+def test_a_node_that_neither_answers_the_verdicts_question_nor_beats_is_unseen():
+    ranks = {r: followed(r) for r in (2, 3, 4, 5, 6, 7)}
     across = AcrossNodes(SimpleNamespace(ranks=ranks))
     answers = across.ask_all(Nodes(), list(ranks.values()), AgentRequest.DUMP)
     assert answers == {4: {"stack": "rank 4's stack"}, 5: {"stack": "rank 5's stack"}}
+    # node 3's watch beat while the question waited: slow, not gone (its ranks keep their places)
     assert [r for r, f in ranks.items() if f.unseen] == [2, 3]
 
 

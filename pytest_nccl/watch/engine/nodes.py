@@ -105,6 +105,14 @@ class Nodes:
                 out[rank] = ranks
         return out
 
+    def beat_since(self, node: int, since: float) -> bool:
+        """Whether ``node``'s watch published a summary (its beat moved) since ``since``, read now."""
+        summary = self.channel.summaries([node]).get(node)
+        now = time.monotonic()
+        if summary is not None and self.beats.get(node, (None,))[0] != summary.beat:
+            self.beats[node] = (summary.beat, now)
+        return node in self.beats and self.beats[node][1] >= since
+
     def silent(self, rank: int, now: float, after: float) -> bool:
         """The watch of the node that runs ``rank`` published nothing for ``after`` seconds (killed,
         or its host is gone)."""
