@@ -56,18 +56,25 @@ def watched(g: core.GroupTrace, value) -> int:
     """How a call of group ``g`` on ``value`` completes: ON_ITS_RETURN (gloo, or CPU tensors of a
     "cpu:gloo,cuda:nccl" group); BY_STREAM (a CUDA tensor of NCCL: its stream runs it later);
     BY_WORK (the rest that may return first, as a backend written in Python: its Work says)."""
-    if g.early == UNKNOWN:
-        g.early = early_of(g.pg if g.pg is not None else core.default_group())
-    if g.early == ON_RETURN or (g.early == BY_DEVICE and _on_cpu(value)):
-        return ON_ITS_RETURN
-    return BY_STREAM if _device_type(value) == "cuda" else BY_WORK
+    return _mode(g, _device_of(value))
 
 
 def incomplete(g: core.GroupTrace, value, work):
     """A synchronous call of group ``g`` on ``value`` returned, with the Work ``work`` its group's
     method gave (or None): what tells when its work completes (journaled in flight, then polled),
     or None: complete."""
-    return pending_after(watched(g, value), work, _device_of(value))
+    device = _device_of(value)
+    return pending_after(_mode(g, device), work, device)
+
+
+def _mode(g: core.GroupTrace, device) -> int:
+    """``watched`` for a call on a tensor of ``device`` (None: no tensor)."""
+    if g.early == UNKNOWN:
+        g.early = early_of(g.pg if g.pg is not None else core.default_group())
+    kind = None if device is None else device.type
+    if g.early == ON_RETURN or (g.early == BY_DEVICE and kind in (None, "cpu")):
+        return ON_ITS_RETURN
+    return BY_STREAM if kind == "cuda" else BY_WORK
 
 
 def pending_after(mode: int, work, device=None):
@@ -101,15 +108,6 @@ class StreamMark:
 
     def is_completed(self) -> bool:
         return bool(self.event.query())
-
-
-def _on_cpu(value) -> bool:
-    return _device_type(value) in (None, "cpu")
-
-
-def _device_type(value) -> str | None:
-    device = _device_of(value)
-    return None if device is None else device.type
 
 
 def _device_of(value):
