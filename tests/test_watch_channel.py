@@ -211,8 +211,14 @@ def test_the_deciding_watch_reads_each_node_s_summary_and_asks_it_for_records():
                                                                                                   {"default": 150}))
                           for r in (2, 3)}
         assert deciding.ask_agents([7], AgentRequest.DUMP) == {}  # no node runs rank 7
+        t1 = time.monotonic()
+        time.sleep(1.3)  # a live relay beats every second, asked anything or not
+        assert deciding.beat_since(node, t1)
         other.close()  # its last records left in the channel: asked now, it would never answer
         deciding.summaries(time.monotonic())
+        t2 = time.monotonic()
+        time.sleep(1.3)
+        assert not deciding.beat_since(node, t2)  # a watch gone beats no more
         t0 = time.monotonic()
         assert deciding.records(node, [3], {"default": 120}, timeout=5)[3].summary == RankSummary(11, {"default": 150})
         assert time.monotonic() - t0 < 1.0

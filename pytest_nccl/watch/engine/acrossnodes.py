@@ -96,13 +96,30 @@ class AcrossNodes:
 
         def ask_node(node: int) -> None:
             assert nodes is not None  # by_node is empty without it
-            answers.update(nodes.ask_agents(by_node[node], request, node))
+            asked = time.monotonic()
+            reply = nodes.ask_agents(by_node[node], request, node)
+            answers.update(reply)
+            # the verdict's question unanswered, and not one beat while it waited: that watch is gone
+            # (a live one beats every second, however slow its answers)
+            if not reply and request is AgentRequest.DUMP and not nodes.beat_since(node, asked):
+                self._lost_sight(by_node[node])
         def ask_here() -> None:
             answers.update(ask_all(local, request, TIMING.stacks_wait))
         jobs: list[Callable[[], None]] = [ask_here]
         jobs += [functools.partial(ask_node, n) for n in by_node]
         all_at_once(jobs, 2 * TIMING.stacks_wait + 1.0)
         return answers
+
+    def _lost_sight(self, ranks: list[int]) -> None:
+        """A verdict's question to the node of ``ranks`` went unanswered and its watch did not beat
+        meanwhile: it is gone (killed a moment ago: its last beat is younger than the three a verdict
+        waits for), so where its ranks were last seen is no evidence, as for a node that missed its
+        beats."""
+        for r in ranks:
+            f = self.m.ranks.get(r)
+            if f is not None and f.state is None and not f.unseen:
+                f.unseen = True
+                _debug(f"rank {r}: its node's watch did not answer the verdict's question")
 
     def fresh_records(self, nodes: Nodes, ranks: list | None = None) -> None:
         """The records of the other nodes' ranks (``ranks``: of those) whose summary moved since

@@ -97,13 +97,24 @@ class Nodes:
         others = [n for n in range(1, self.channel.watches() + 1) if n != self.node]
         out: dict[int, RankSummary] = {}
         for node, summary in self.channel.summaries(others).items():
-            if self.beats.get(node, (None,))[0] != summary.beat:
-                self.beats[node] = (summary.beat, now)
+            self._note_beat(node, summary.beat, now)
             self.closed[node] = summary.closed
             for rank, ranks in summary.ranks.items():
                 self.rank_nodes[rank] = node
                 out[rank] = ranks
         return out
+
+    def beat_since(self, node: int, since: float) -> bool:
+        """Whether ``node``'s watch published a summary (its beat moved) since ``since``, read now."""
+        summary = self.channel.summaries([node]).get(node)
+        if summary is not None:
+            self._note_beat(node, summary.beat, time.monotonic())
+        return node in self.beats and self.beats[node][1] >= since
+
+    def _note_beat(self, node: int, beat: int, now: float) -> None:
+        """``node``'s beat as read ``now``: when it last moved is when it was first read different."""
+        if self.beats.get(node, (None,))[0] != beat:
+            self.beats[node] = (beat, now)
 
     def silent(self, rank: int, now: float, after: float) -> bool:
         """The watch of the node that runs ``rank`` published nothing for ``after`` seconds (killed,
