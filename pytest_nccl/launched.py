@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 from .budget import MIN_BOUND, Budget, pytest_timeout_of
 from .core.messages import LaunchedVerdict, Quit, TestCall, TestEnded, TestFollowed
+from .interrupts import ENDING, PREVIOUS_HANDLER
 from .session import NcclSession, exception_class, item_budget, record_failure
 from .watch.jobdir import ENV_DIR
 
@@ -58,26 +59,22 @@ _armed = False          # a test's call runs with its ranks followed: forked chi
 _fork_hook = False      # os.register_at_fork cannot be undone: registered once per process
 
 
-#: on the session's SIGTERM handler (plugin.py): the handler it replaced
-PREVIOUS_SIGTERM = "_pytest_nccl_previous"
-
-
 def _forked_child() -> None:
     if not _armed:
         return
     from .watch.inrank import inject  # imported by ``Launched.start``: a lookup here
 
     inject.after_fork()
-    # a forked rank keeps pytest's SIGTERM handler, a Python one that never runs while the rank waits in
-    # a collective (C++): the rank would outlive the SIGTERM that ends it
-    try:
-        handler = signal.getsignal(signal.SIGTERM)
-        if hasattr(handler, PREVIOUS_SIGTERM):
-            previous = getattr(handler, PREVIOUS_SIGTERM)
-            signal.signal(signal.SIGTERM, previous if callable(previous) or previous == signal.SIG_IGN
-                          else signal.SIG_DFL)
-    except (ValueError, OSError, TypeError):
-        pass
+    # a forked rank keeps pytest's SIGTERM and SIGHUP handler, a Python one that never runs while the
+    # rank waits in a collective (C++): the rank would outlive the SIGTERM that ends it
+    for sig in ENDING:
+        try:
+            handler = signal.getsignal(sig)
+            if hasattr(handler, PREVIOUS_HANDLER):
+                previous = getattr(handler, PREVIOUS_HANDLER)
+                signal.signal(sig, previous if callable(previous) or previous == signal.SIG_IGN else signal.SIG_DFL)
+        except (ValueError, OSError, TypeError):
+            pass
 
 
 def boot_ticks() -> int:

@@ -10,8 +10,6 @@ Linux session configures its mode.
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 
 import pytest
@@ -19,7 +17,8 @@ import pytest
 from .adopt.adopter import ADOPTED_KEY, ADOPTER_KEY, Adopter
 from .core.states import Phase
 from .errors import DistributedTestFailure, NcclUsageError, RankSetupError
-from .launched import LAUNCHED_KEY, PREVIOUS_SIGTERM, Launched, off_reason
+from .interrupts import Endings
+from .launched import LAUNCHED_KEY, Launched, off_reason
 from .session import OUTCOME_KEY, SESSION_KEY, STARTED_KEY, NcclSession, junit_writer
 from .settings import (
     MARKER,
@@ -36,6 +35,8 @@ from .views.report import NcclLongRepr, trace_files
 # A bad setting, kept from configure to the session's start: --help, --version, --markers and
 # --collect-only must still work with a bad value in the config file.
 SETTINGS_ERROR_KEY = pytest.StashKey[str]()
+# The session's handler of SIGTERM and SIGHUP (``interrupts``).
+ENDINGS_KEY = pytest.StashKey[Endings]()
 # The rank fixtures the plugin itself supplied to an item (a user's own fixture of the name did not).
 RANK_FIXTURES_KEY = pytest.StashKey[set]()
 
@@ -60,7 +61,9 @@ def pytest_configure(config: pytest.Config) -> None:
         from .unsupported import UnsupportedPlatform
         session.mode = UnsupportedPlatform(reason)
         return
-    _install_sigterm_cleanup(session)
+    # SIGTERM and SIGHUP interrupt as Ctrl-C does: a running test says where its ranks were
+    endings = config.stash[ENDINGS_KEY] = Endings(session.close)
+    endings.install()
     # Linux only from here: the fork server's client, pidfds, flock
     from . import spmd  # SPMD mode: this process is one rank of a launched group (torchrun, srun)
     from .forked.mode import ForkedMode
@@ -86,32 +89,7 @@ def _usage_error(config: pytest.Config, message: str):
     raise pytest.UsageError(message)
 
 
-def _install_sigterm_cleanup(session: NcclSession) -> None:
-    """On SIGTERM, tear the groups down before dying (they would die with the fork server anyway,
-    through PR_SET_PDEATHSIG; this also reaches what a rank started)."""
-    try:
-        previous = signal.getsignal(signal.SIGTERM)
-    except ValueError:
-        return
-    pid = os.getpid()
-
-    def on_sigterm(signum, frame):
-        if os.getpid() == pid:  # not in a child a test forked (debug_launcher's ranks): the session is ours
-            session.close()
-        if callable(previous):
-            previous(signum, frame)
-        else:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    vars(on_sigterm)[PREVIOUS_SIGTERM] = previous
-
-    try:
-        signal.signal(signal.SIGTERM, on_sigterm)
-    except ValueError:  # not the main thread
-        pass
-
-
+@pytest.hookimpl(trylast=True)  # the very end: a signal that interrupted the session ends it now
 def pytest_unconfigure(config: pytest.Config) -> None:
     launched = config.stash.get(LAUNCHED_KEY, None)
     if launched is not None:
@@ -122,6 +100,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     adopter = config.stash.get(ADOPTER_KEY, None)
     if adopter is not None:
         adopter.close()
+    endings = config.stash.get(ENDINGS_KEY, None)
+    if endings is not None:
+        endings.redeliver()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:

@@ -19,7 +19,9 @@ from . import errors
 from .budget import Budget, budget_for
 from .core.diagnosis import Diagnosis
 from .core.reports import CallOutcome
+from .core.states import Reason
 from .errors import DistributedTestFailure, NcclUsageError
+from .interrupts import stop_message
 from .placement import Placement, place
 from .settings import Settings
 from .views import tracedir
@@ -140,6 +142,8 @@ def record_failure(item, session: NcclSession, diag: Diagnosis, exception: str, 
     outcome.headline, outcome.kind, outcome.exception = diag.headline, diag.kind, exception
     if result is not None:
         outcome.result = result
+        if result.reason == Reason.INTERRUPTED:  # reported where its ranks were; then pytest stops, as on Ctrl-C
+            item.session.shouldstop = stop_message(item.nodeid, result.interrupted)
     item.user_properties.extend([("nccl_diagnosis", diag.headline), ("nccl_diagnosis_kind", diag.kind),
                                  ("nccl_exception", exception)])
     if session.settings.trace_dir and result is not None:

@@ -117,3 +117,51 @@ def test_the_watch_gives_a_rank_a_moment_behind_the_others_time_to_reach_the_col
         outcome = CallDriver(referee, FakeTransport(clock, referee, journals, list(events)), clock).run()
         statuses[name] = outcome.views[2].status
     assert statuses == {"tests": RankState.RUNNING, "job": RankState.PASSED}
+
+
+class InterruptingTransport(FakeTransport):
+    """Ctrl-C (or a front-end's ``Interrupted``) arrives while the driver waits for news, at ``at``."""
+
+    def __init__(self, *args, at: float, interrupt: KeyboardInterrupt, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.at, self.interrupt = at, interrupt
+
+    def receive(self, until):
+        if until >= self.at:
+            self.clock.now = self.at
+            raise self.interrupt
+        super().receive(until)
+
+
+def test_an_interrupt_while_watching_concludes_at_once_with_where_each_rank_is():
+    """Rank 0 waits in #4, rank 1 sleeps after 3: a SIGTERM at 8.2 s of a 300 s bound ends the watch;
+    the live ranks' stacks are taken (no settle), and the headline says where each was, not a bound."""
+    from pytest_nccl.core.call import Interrupted
+
+    journals = {0: [record(0, s) for s in (1, 2, 3)] + [record(0, 4, state="entered", site="t.py:10")],
+                1: [record(1, s) for s in (1, 2, 3)]}
+    clock = Clock()
+    referee = Referee(2, 300.0, 0.0)
+    stacks = {1: 'Thread MainThread:\n  File "/w/t.py", line 9, in test_x\n    time.sleep(600)\n'}
+    transport = InterruptingTransport(clock, referee, journals, stacks=stacks, at=8.2,
+                                      interrupt=Interrupted("SIGTERM"))
+    outcome = CallDriver(referee, transport, clock).run(backend="gloo")
+    assert outcome.reason == Reason.INTERRUPTED and outcome.interrupted == "SIGTERM"
+    assert transport.log[0] == ("dumps", [0, 1]) and clock.now == 8.2  # no settle: it is ended now
+    assert outcome.diagnosis.headline == (
+        "interrupted after 8.2 s (SIGTERM): rank 1 is busy outside any collective at /w/t.py:9 (in test_x): "
+        "time.sleep(600), after 3 collectives in group default; rank 0 waits in all_reduce #4 of group "
+        "default from t.py:10")
+
+
+def test_an_interrupt_after_every_rank_finished_is_a_clean_completion():
+    """The signal came as the last rank finished: nothing was cut short, nothing is reported."""
+    journals = {0: [record(0, 1)], 1: [record(1, 1)]}
+    clock = Clock()
+    referee = Referee(2, 60.0, 0.0)
+    transport = FakeTransport(clock, referee, journals)
+    for rank in (0, 1):
+        referee.finished(rank, RankState.PASSED, 0.1)
+        transport.finished[rank] = RankReport(rank, RankState.PASSED)
+    outcome = CallDriver(referee, transport, clock).conclude(Reason.INTERRUPTED, interrupted="SIGINT")
+    assert outcome.reason == Reason.COMPLETED and outcome.clean and outcome.interrupted == ""

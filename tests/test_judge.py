@@ -173,3 +173,23 @@ def test_the_tracers_digest_and_the_digest_of_its_journal_are_one_hash(tmp_path)
     done = subprocess.run([sys.executable, "-c", TRACED], capture_output=True, text=True, timeout=120,
                           cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_an_interrupted_call_says_how_long_it_ran_where_a_bound_would_be():
+    """Every rank waits in the same collective when Ctrl-C comes: the hang's words, with the time the
+    call ran instead of the bound it never reached, and the signal."""
+    journals = {r: [record(r, 1, state="entered")] for r in range(2)}
+    outcome = judge(reports("running", "running"), 2, Reason.INTERRUPTED, 300.0, Journals(journals),
+                    elapsed=8.24, interrupted="SIGINT")
+    assert outcome.diagnosis.kind == Kind.HANG and outcome.interrupted == "SIGINT"
+    assert outcome.diagnosis.headline.startswith("interrupted after 8.2 s (SIGINT): every rank is inside "
+                                                 "all_reduce #1 of group default")
+    assert "none completed within 8.2 s (" in outcome.diagnosis.headline and "300" not in outcome.diagnosis.headline
+
+
+def test_an_interrupted_call_outside_any_collective_is_not_said_to_exceed_a_bound():
+    stack = 'Thread MainThread:\n  File "/w/t.py", line 3, in f\n    time.sleep(60)\n'
+    full = {r: RankReport(r, RankState.RUNNING, stack=stack) for r in range(2)}
+    outcome = judge(full, 2, Reason.INTERRUPTED, 60.0, Journals({}), elapsed=2.0, interrupted="SIGHUP")
+    assert outcome.diagnosis.headline == ("interrupted after 2 s (SIGHUP): the test was outside any collective "
+                                          "(ranks 0,1 at /w/t.py:3 (in f): time.sleep(60))")

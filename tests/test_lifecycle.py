@@ -110,9 +110,11 @@ def _wait_for_ranks(tag: str, expected: int, timeout: float = 60) -> None:
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_interrupt_leaves_no_process(pytester, sig):
-    """Ctrl-C or SIGTERM of pytest while ranks hang: every rank and the fork server go away."""
+    """Ctrl-C, SIGTERM or SIGHUP of pytest while ranks hang: the test's report says where each rank
+    was, pytest stops with the status it has without the plugin, and every rank and the fork server go
+    away."""
     pytester.makepyfile(test_hang=HANG)
     tag = uuid.uuid4().hex
     # faulthandler: where pytest is, should it outlive the signal (SIGABRT dumps every thread's stack)
@@ -133,8 +135,12 @@ def test_interrupt_leaves_no_process(pytester, sig):
         if proc.poll() is None:
             proc.kill()
     assert_no_leftovers(tag, wait=5)
-    if sig == signal.SIGINT:
-        assert b"KeyboardInterrupt" in out
+    text = out.decode(errors="replace")
+    assert f"({sig.name}): rank 1 is busy outside any collective at test_hang.py:10: time.sleep(600)" in text, text
+    assert "; rank 0 waits in all_reduce #1 of group default from test_hang.py:9" in text, text
+    assert f"Interrupted: {sig.name} while test_hang.py::test_hangs ran" in text, text
+    # Ctrl-C: pytest's status for an interrupted session; another signal: the process ends by it
+    assert proc.returncode == (2 if sig == signal.SIGINT else -sig), text
 
 
 def test_sigkill_of_pytest_takes_ranks_down(pytester):

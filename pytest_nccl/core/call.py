@@ -101,9 +101,11 @@ class CallDriver:
             self.transport.receive(min(self.clock() + timing.poll, deadline))
 
     def conclude(self, reason: Reason, *, bound: float | None = None, elapsed: float | None = None,
-                 backend: str = "", trace: bool | None = None, words: Words = TEST) -> CallOutcome:
+                 backend: str = "", trace: bool | None = None, words: Words = TEST,
+                 interrupted: str = "") -> CallOutcome:
         """Decided: settle (when the rule asks for it), dumps and RUNNING reports of the ranks still
-        running, release them, and the judge."""
+        running, release them, and the judge (``interrupted``: the signal that ended the call first,
+        ``Reason.INTERRUPTED``)."""
         referee, transport = self.referee, self.transport
         if reason == Reason.DECIDED and referee.settle:
             self.settle()
@@ -117,11 +119,31 @@ class CallDriver:
         bound = referee.bound if bound is None else bound
         outcome = judge(reports, referee.world, reason, bound, lambda: transport.final_journals(reports, dumps),
                         elapsed=self.clock() - referee.t0 if elapsed is None else elapsed,
-                        trace=referee.trace if trace is None else trace, words=words)
+                        trace=referee.trace if trace is None else trace, words=words, interrupted=interrupted)
         outcome.backend = backend
         outcome.fr_json, outcome.fr_pickle = dict(dumps.fr_json), dict(dumps.fr_pickle)
         return outcome
 
     def run(self, **conclude) -> CallOutcome:
-        """The whole call: watch until decided, then conclude."""
-        return self.conclude(self.watch(), **conclude)
+        """The whole call: watch until decided, then conclude. Interrupted while it watches (Ctrl-C,
+        or a front-end's ``Interrupted`` for SIGTERM/SIGHUP), the call is concluded on what is known
+        then, said as interrupted; a second interrupt during that ends it at once."""
+        try:
+            reason = self.watch()
+        except KeyboardInterrupt as exc:
+            return self.conclude(Reason.INTERRUPTED, interrupted=signal_of(exc), **conclude)
+        return self.conclude(reason, **conclude)
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal that ends a call as Ctrl-C does (SIGTERM, SIGHUP), raised by a front-end's handler in
+    the thread that runs the call; ``signal``: its name."""
+
+    def __init__(self, signal: str):
+        super().__init__(signal)
+        self.signal = signal
+
+
+def signal_of(exc: KeyboardInterrupt) -> str:
+    """The name of the signal behind an interrupt: a plain ``KeyboardInterrupt`` is SIGINT's."""
+    return exc.signal if isinstance(exc, Interrupted) else "SIGINT"

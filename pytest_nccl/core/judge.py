@@ -51,16 +51,18 @@ def settled(journals: dict, live) -> bool:
 
 
 def judge(reports: dict[int, RankReport], world: int, reason: Reason, bound: float, journals: Journals,
-          elapsed: float = 0.0, trace: bool = True, words: Words = TEST) -> CallOutcome:
+          elapsed: float = 0.0, trace: bool = True, words: Words = TEST, interrupted: str = "") -> CallOutcome:
     """The views and the verdict of one call. ``reports``: rank -> its report (a rank without one
     never reported: RUNNING); ``journals()``: rank -> its records, asked only when the call is not
     clean or a report carries no digest; ``trace``: the collectives were traced (else digests are
-    not compared); ``words``: the headline names a test or a job."""
+    not compared); ``words``: the headline names a test or a job; ``interrupted``: what ended the
+    call first (``Reason.INTERRUPTED``: "SIGINT"), said before the headline."""
     full = {r: reports.get(r) or RankReport(r) for r in range(world)}
-    if reason == Reason.DECIDED and all(rep.state.finished for rep in full.values()):
-        # a rule decided on what it saw then (a rank of another node looked gone, a late report), but
-        # by the time the reports were taken every rank had finished: the call completed, and is
-        # judged as such (a clean one is clean, not a 'disagreement' among ranks that all passed)
+    if reason in (Reason.DECIDED, Reason.INTERRUPTED) and all(rep.state.finished for rep in full.values()):
+        # a rule decided (or another hand ended the call) on what it saw then (a rank of another node
+        # looked gone, a late report), but by the time the reports were taken every rank had finished:
+        # the call completed, and is judged as such (a clean one is clean, not a 'disagreement' among
+        # ranks that all passed)
         reason = Reason.COMPLETED
     views = [full[r].view() for r in range(world)]
     records: dict | None = None
@@ -70,14 +72,21 @@ def judge(reports: dict[int, RankReport], world: int, reason: Reason, bound: flo
             records = journals()
         digests = {r: rep.digest if rep.digest is not None else digest_of(records.get(r, []) if records else [])
                    for r, rep in full.items()}
-    result = CallOutcome(views=views, reason=reason, reports=full, elapsed=elapsed, bound=bound)
+    result = CallOutcome(views=views, reason=reason, reports=full, elapsed=elapsed, bound=bound,
+                         interrupted=interrupted if reason == Reason.INTERRUPTED else "")
     if is_clean(views, reason, digests):
         return result
     if trace:
         records = records if records is not None else journals()
         for view in views:
             view.records = records.get(view.rank, [])
-    result.diagnosis = verdict(views, reason, bound, words)
+    if reason == Reason.INTERRUPTED:  # where each rank is after ``elapsed`` s, not at a bound
+        diag = verdict(views, reason, elapsed, words.interrupted())
+        by = f" ({interrupted})" if interrupted else ""
+        diag.headline = f"interrupted after {seconds(elapsed)} s{by}: {diag.headline}"
+        result.diagnosis = diag
+    else:
+        result.diagnosis = verdict(views, reason, bound, words)
     return result
 
 

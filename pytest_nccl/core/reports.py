@@ -105,6 +105,7 @@ class CallOutcome:
     # rank -> {group: collectives it entered}; empty: records are numbered from the call's start
     bases: dict = field(default_factory=dict)
     counts: dict = field(default_factory=dict)
+    interrupted: str = ""                          # Reason.INTERRUPTED: the signal that ended it ("SIGINT")
 
     @property
     def ranks(self) -> list[RankView]:

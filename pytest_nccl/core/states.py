@@ -132,6 +132,8 @@ class Reason(Word):
     COMPLETED = "completed"   # every rank finished
     DECIDED = "decided"       # a rule found the outcome before every rank finished
     TIMEOUT = "timeout"       # the bound was reached
+    # another hand ended the call first (Ctrl-C, a scheduler's SIGTERM): judged on what was known then
+    INTERRUPTED = "interrupted"
 
 
 class Kind(Word):

@@ -35,7 +35,6 @@ from .wording import (
     brief,
     grouped,
     rank_list,
-    seconds,
     state_of,
     waiting_for,
     waiting_summary,
@@ -88,7 +87,7 @@ def diagnose(ranks: list[RankView], reason: Reason, bound: float, words: Words =
             return _slow(busy, inside, at[0], bound, words)
         tops = grouped({v.rank: busy_at(v, views) for v in running}, 2)
         kind = Kind.RENDEZVOUS if any(in_rendezvous(v) for v in running) else Kind.TIMEOUT
-        return Diagnosis(kind, f"the {words.call} exceeded its {seconds(bound)} s bound outside any collective "
+        return Diagnosis(kind, f"{words.over(bound)} outside any collective "
                          f"({tops})", [v.rank for v in running])
     statuses = {v.status for v in ranks}
     if RankState.SKIPPED in statuses and len(statuses) > 1:
@@ -258,7 +257,7 @@ def _absent(div: Divergence, views: dict, reason: Reason, bound: float, words: W
         kind = Kind.GROUP_MISMATCH if first.current is not None else Kind.SLOW_RANK
         if kind == Kind.SLOW_RANK and (rendezvous_at(first.stack) or in_rendezvous(first)):
             kind = Kind.RENDEZVOUS
-        elif kind == Kind.SLOW_RANK:
+        elif kind == Kind.SLOW_RANK and reason != Reason.INTERRUPTED:  # slow: only once it waited the bound
             headline = "slow rank: " + headline
     else:
         kind = Kind.RANK_LEFT

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..groups import GroupId, rank_ranges
 from ..records import CollectiveRecord, RankView
@@ -28,6 +28,8 @@ class Words:
     raised: str               # before a failed rank's exception, where each rank is
     timeout: str              # the bound: "{} s bound" or "{} s (--timeout)"
     stalled: str              # waited the whole bound
+    # the call outside any collective when it ended: "the test exceeded its {} s bound"
+    exceeded: str = "the {call} exceeded its {} s bound"
 
     def bound(self, value: float) -> str:
         """'the 60 s bound' / '60 s (--timeout)'."""
@@ -36,6 +38,15 @@ class Words:
     def whole(self, value: float) -> str:
         """How long ranks waited when the bound ended the call."""
         return self.stalled.format(seconds(value))
+
+    def over(self, value: float) -> str:
+        """'the test exceeded its 60 s bound' / 'the job was' (interrupted): before "outside any collective"."""
+        return self.exceeded.format(seconds(value), call=self.call)
+
+    def interrupted(self) -> "Words":
+        """The same words for a call another hand ended: the bound is the time it ran, not a limit
+        reached ("none completed within 8.2 s", "waited 8.2 s")."""
+        return replace(self, timeout="{} s", stalled="{} s", exceeded="the {call} was")
 
     def span(self, elapsed: float, bound: float) -> str:
         """The report's trace header: how long the call ran, against what."""
@@ -123,8 +134,9 @@ def state_of(view: RankView, pg: str, views: dict | None = None, quote: int = FU
         return "cannot be seen by this watch (on another node)"
     count = view.count_in(pg)
     after = f"after {count} collective{'s' if count != 1 else ''} in group {pg}"
-    if view.status == RankState.DEAD:
-        return f"{view.exit_description} {after}"
+    if view.status == RankState.DEAD:  # where it was when it went, if its stack was written then
+        at = place(view, quote) if view.current is None else ""
+        return f"{view.exit_description}{f' at {at}' if at else ''} {after}"
     if view.status == RankState.FAILED:
         return f"raised {brief(view.message or view.exc_type)} {after}"
     if view.status == RankState.PASSED:

@@ -1,0 +1,91 @@
+"""Ending signals in the pytest process (controller side): SIGTERM and SIGHUP interrupt it as Ctrl-C does.
+
+A hung test is most often ended by another hand: Ctrl-C, Slurm's SIGTERM at the time limit (SIGKILL
+follows 30 s later), a closed terminal's SIGHUP. Python turns only SIGINT into ``KeyboardInterrupt``;
+``Endings`` raises ``core.call.Interrupted`` for the other two, so the call being watched concludes as
+interrupted (``CallDriver.run``), its report says where each rank was, and pytest stops as on Ctrl-C
+(``stop_session``), its summary written. Then ``redeliver`` ends the process by the signal it got, so
+that its exit status is still 128+N, as a scheduler reads it. A second signal ends it at once, the
+groups torn down first (the first one's handling may be what hangs).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Callable
+
+from .core.call import Interrupted
+
+ENDING = (signal.SIGTERM, signal.SIGHUP)
+#: on the session's handler: the one it replaced (a forked rank restores it: ``launched._forked_child``)
+PREVIOUS_HANDLER = "_pytest_nccl_previous"
+
+
+class Endings:
+    """The pytest process's SIGTERM and SIGHUP handler; ``close`` tears the session's groups down."""
+
+    def __init__(self, close: Callable[[], None]):
+        self.close = close
+        self.pid = os.getpid()
+        self.got: int | None = None            # the first ending signal
+        self.previous: dict[int, object] = {}
+
+    def install(self) -> None:
+        for sig in ENDING:
+            try:
+                self.previous[sig] = signal.getsignal(sig)
+                handler = self._handler(sig)
+                signal.signal(sig, handler)
+            except (ValueError, OSError):  # not the main thread: pytest's defaults stay
+                self.previous.pop(sig, None)
+
+    def _handler(self, sig: int):
+        def on_signal(signum, frame):
+            self._handle(signum, frame)
+
+        vars(on_signal)[PREVIOUS_HANDLER] = self.previous[sig]
+        return on_signal
+
+    def _handle(self, signum: int, frame) -> None:
+        previous = self.previous.get(signum)
+        if os.getpid() != self.pid:  # a child a test forked (debug_launcher's ranks): not our session
+            self._die(signum, previous, close=False)
+            return
+        if self.got is not None:
+            self._die(signum, previous, close=True)
+            return
+        self.got = signum
+        if callable(previous) and previous is not signal.default_int_handler:
+            previous(signum, frame)  # another plugin's handler first; it may end the process itself
+        raise Interrupted(signal.Signals(signum).name)
+
+    def _die(self, signum: int, previous, close: bool) -> None:
+        if close:
+            self.close()
+        if callable(previous):
+            previous(signum, None)
+            return
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    def redeliver(self) -> None:
+        """At the session's very end, after an ending signal: end the process by it (its exit status
+        is 128+N, as without the plugin)."""
+        if self.got is None or os.getpid() != self.pid:
+            return
+        signum, self.got = self.got, None
+        previous = self.previous.get(signum)
+        if callable(previous):  # its own handler decides (it was called once already)
+            return
+        self.close()
+        try:
+            signal.signal(signum, signal.SIG_DFL)
+        except ValueError:
+            return
+        os.kill(os.getpid(), signum)
+
+
+def stop_message(nodeid: str, interrupted: str) -> str:
+    """What pytest prints as it stops after an interrupted test (``session.shouldstop``)."""
+    return f"{interrupted or 'interrupted'} while {nodeid} ran (where its ranks were: its report above)"
