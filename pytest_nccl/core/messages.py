@@ -64,6 +64,7 @@ class AgentRequest(Word):
     STATUS = "status"   # the Flight Recorder's progress per group: {"fr": ...}
     DUMP = "dump"       # every thread's stack and the Flight Recorder, once a verdict is near
     FR = "fr"           # the Flight Recorder's JSON alone
+    STACK = "stack"     # every thread's stack alone: where a rank is, asked while the job goes on
 
 
 class Harness(str, enum.Enum):

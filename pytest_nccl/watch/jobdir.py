@@ -4,6 +4,8 @@ them. Standard library only (every rank imports it).
 In ``$PYTEST_NCCL_WATCH_DIR`` (a private directory the watch creates per job):
 
     torch-PID        empty: process PID of the job imported torch (the hook is armed there)
+    where.pid        the watch command's pid: SIGUSR1 to it writes where.txt (``pytest-nccl where``)
+    where.txt        its last answer: where each rank is
 
 and in the directory of each of the launcher's attempts (``attempt_dir``: the job directory for the
 first, ``restart-N/`` for torchrun's N-th restart), per process PID and rank R:
@@ -20,6 +22,8 @@ first, ``restart-N/`` for torchrun's N-th restart), per process PID and rank R:
     exit-R.json      written at exit: passed, or raised (exception line and traceback); absent
                      when the process was killed
     fatal-R.txt      faulthandler's output on a fatal signal (SIGSEGV, SIGABRT...)
+    signal-R-SIG.txt faulthandler's stacks when SIGTERM or SIGHUP reached the rank (its launcher or a
+                     scheduler ended it), written before the signal's own effect
     rank-R.sock      a unix socket the rank's agent thread answers on (stacks, Flight Recorder)
     world            the key of the attempt's first default world (``world_dir``)
     world-XXXXXX/    the same files, rank numbers from 0 again, for each other default world of the
@@ -184,6 +188,23 @@ def exit_record(directory: str, rank: int) -> str:
 
 def fatal(directory: str, rank: int) -> str:
     return os.path.join(directory, f"fatal-{rank}.txt")
+
+
+def ended_by(directory: str, rank: int, signal_name: str) -> str:
+    """faulthandler's stacks of the rank when ``signal_name`` (SIGTERM, SIGHUP) reached it: where it
+    was when its launcher (or a scheduler) ended it."""
+    return os.path.join(directory, f"signal-{rank}-{signal_name}.txt")
+
+
+def where_answer(directory: str) -> str:
+    """The watch's last answer to "where is each rank?" (SIGUSR1), for ``pytest-nccl where``."""
+    return os.path.join(directory, "where.txt")
+
+
+def where_pid(directory: str) -> str:
+    """The pid of the watch that answers "where is each rank?" in this directory (the command only:
+    a test's follower shares pytest's pid, whose SIGUSR1 is not ours)."""
+    return os.path.join(directory, "where.pid")
 
 
 def socket_path(directory: str, rank: int) -> str:

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ...core.diagnosis.wording import rank_list
+from ...core.messages import AgentRequest
+from ...core.records import RankView
 from ...core.reports import CallOutcome
 from ...core.states import Kind, Reason
 from .. import jobdir
@@ -46,6 +48,7 @@ from .outcome import (
     waited_for_peers,
 )
 from .present import PROG
+from .where import RankPlace, place_of
 from .worlds import OtherWorlds
 
 
@@ -233,6 +236,38 @@ class Engine:
                 self.front.say(present.banner(PROG, f"diagnosed ({Kind.RENDEZVOUS}, side group)"))
                 self.front.say(side_group_report(waiting, self.timeout))
         return bool(waiting)
+
+    # -- asked while the job runs, or as another hand ends it -------------------------------------------
+    def places(self) -> tuple[list[RankPlace], float]:
+        """Where each rank of the attempt followed is now, the job untouched (a rank outside any
+        collective: its stack asked of its agent); and the seconds since its first rank's group."""
+        monitor = self.monitor
+        with monitor.lock:
+            for f in list(monitor.ranks.values()):
+                monitor.read(f)
+        ranks = dict(monitor.ranks)
+        outside = [f for f in ranks.values() if f.state is None and not f.unseen
+                   and RankView(f.rank, records=f.records).current is None]
+        answers = monitor.ask_all(outside, AgentRequest.STACK) if outside else {}
+        wall = time.time()
+        places = [place_of(f, (answers.get(r) or {}).get("stack") or "", wall) for r, f in sorted(ranks.items())]
+        return places, time.monotonic() - monitor.t0 if monitor.referee is not None else 0.0
+
+    def interrupt(self, signal_name: str) -> CallOutcome | None:
+        """Another hand ends the job (``signal_name``): the referee's conclusion on what is known now,
+        where each rank was; None when no rank is followed, the attempt concluded already, or every
+        rank had ended clean."""
+        monitor = self.monitor
+        if self.kept or self.attempt_done or monitor.referee is None or monitor.self_judged \
+                or monitor.follows_only:
+            return None
+        now = time.monotonic()
+        with monitor.lock:
+            for f in list(monitor.ranks.values()):
+                monitor.read(f)
+        monitor.finished(now)
+        finding = monitor.conclude(Reason.INTERRUPTED, now, interrupted=signal_name)
+        return finding if finding.diagnosis is not None else None
 
     # -- once the launcher returned ---------------------------------------------------------------------
     def conclude(self, job_status: int, *, agree: bool = True) -> Ending:

@@ -306,15 +306,15 @@ class Monitor:
             f.file.close()
 
     # -- the verdict ------------------------------------------------------------------------------------
-    def conclude(self, reason: Reason, now: float) -> CallOutcome:
+    def conclude(self, reason: Reason, now: float, interrupted: str = "") -> CallOutcome:
         """The driver's conclusion (settle, stacks of the ranks still running, the judge), as in the
-        test modes, with the window's numbering."""
+        test modes, with the window's numbering (``interrupted``: the signal, ``Reason.INTERRUPTED``)."""
         self._await_other_nodes()
         view = self.view
         view.answers = {}
         backend = next((f.info.backend for f in self.ranks.values()), "")
         outcome = self._driver().conclude(reason, bound=self.timeout, elapsed=now - self.t0,
-                                          backend=backend, trace=True, words=JOB)
+                                          backend=backend, trace=True, words=JOB, interrupted=interrupted)
         if outcome.diagnosis is None:  # clean: the views carry the window all the same
             journals = view.final_journals(outcome.reports, Dumps(fr_json=outcome.fr_json))
             for v in outcome.views:

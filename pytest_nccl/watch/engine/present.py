@@ -37,10 +37,11 @@ def banner(prog: str, title: str) -> str:
     return f"\n{'=' * 20} {prog}: {title} {'=' * 20}"
 
 
-def recap(prog: str, headline: str, code: int) -> str:
+def recap(prog: str, headline: str, code: int, interrupted: bool = False) -> str:
     """The verdict again, the watch's last line: what the launcher wrote while it was being ended
-    (torchrun's warnings, its workers' SIGTERM messages) comes before it."""
-    return f"{prog}: verdict (exit {code}): {headline}"
+    (torchrun's warnings, its workers' SIGTERM messages) comes before it. ``interrupted``: where the
+    ranks were when a signal ended the watch, not a verdict of its own."""
+    return f"{prog}: {'interrupted' if interrupted else 'verdict'} (exit {code}): {headline}"
 
 
 def to_absolute(finding: CallOutcome, timeout: float | None = None) -> None:
@@ -70,11 +71,14 @@ def summary(finding: CallOutcome | None, *, exit_code: int, job_exit_code, comma
     ``earlier_attempts``: the verdicts of the attempts the launcher restarted; ``watched``: the
     ranks of the last attempt and the collectives each entered (rank -> count). Members of a side
     group that never connected (``side_group_missing``) are a verdict too: ``peers_missing`` is its
-    headline."""
+    headline. ``interrupted``: the signal that ended the watch (SIGINT...), the headline then where
+    each rank was, no verdict of the watch's own."""
     diag = finding.diagnosis if finding is not None else None
     side = side_group_missing and diag is None
+    interrupted = finding is not None and finding.reason == Reason.INTERRUPTED
     return json.dumps({
-        "verdict": diag is not None or side,
+        "verdict": (diag is not None and not interrupted) or side,
+        "interrupted": finding.interrupted if finding is not None and interrupted else None,
         "post_mortem": finding is not None and diag is not None and finding.reason == Reason.COMPLETED,
         "exit_code": exit_code, "job_exit_code": job_exit_code, "ended_by_watch": ended_by_watch,
         "command": command, "timeout_s": timeout,

@@ -13,11 +13,14 @@ Exit status (``outcome.exit_status``: one status per outcome, whoever ended the 
 - the launch command's own status without a verdict (the job finished; or no process created a
   default process group; a launcher killed by signal N gives 128+N);
 - 2: usage error (one line on stderr); 126 / 127: the command cannot be executed / is not found;
-- 128+N when the watch itself got signal N (Ctrl-C: 130); the job is ended first.
+- 128+N when the watch itself got signal N (Ctrl-C: 130; SIGTERM: 143; SIGHUP: 129): it says where each
+  rank was (the report of the referee's conclusion then), and ends the job. SIGUSR1 says where each
+  rank is and the job goes on (``pytest-nccl where`` sends it).
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import signal
@@ -27,7 +30,8 @@ import time
 
 from ...core.reports import CallOutcome
 from ...core.states import Reason
-from ..engine import control, present, stragglers
+from .. import jobdir
+from ..engine import control, present, stragglers, where
 from ..engine.job import Ended, Engine
 from ..engine.outcome import EXIT_DIAGNOSED, exit_status
 from ..timing import TIMING
@@ -47,17 +51,23 @@ def status_of(returncode: int) -> int:
 
 
 class _Signals:
-    """The first SIGINT/SIGTERM/SIGHUP asks the loop to end the job; a second one stops waiting."""
+    """The first SIGINT/SIGTERM/SIGHUP asks the loop to say where each rank is, then end the job; a
+    second one stops waiting. SIGUSR1 asks where each rank is, the job untouched."""
 
     def __init__(self):
         self.got = None
+        self.asked = False
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, self._handle)
+        signal.signal(signal.SIGUSR1, self._ask)
 
     def _handle(self, signum, frame):
         if self.got is not None:
             raise KeyboardInterrupt
         self.got = signum
+
+    def _ask(self, signum, frame):
+        self.asked = True
 
 
 def main(argv: list | None = None) -> int:
@@ -87,6 +97,7 @@ class Watch:
         self.engine: Engine | None = None  # once the launch command started
         self.launcher: subprocess.Popen | None = None
         self.trace_files: list = []
+        self.interrupted: CallOutcome | None = None  # where the ranks were when a signal ended the watch
 
     def run(self) -> int:
         control.become_subreaper()
@@ -108,7 +119,9 @@ class Watch:
             say(f"{PROG}: cannot execute: {self.command[0]}")
             return self._done(EXIT_CANNOT_EXECUTE, None)
         if not args.quiet:
-            say(f"{PROG}: watching {shlex.join(self.command)} (--timeout {args.timeout:g} s)")
+            say(f"{PROG}: watching {shlex.join(self.command)} (--timeout {args.timeout:g} s; "
+                f"where each rank is: kill -USR1 {os.getpid()})")
+        jobdir.write_text(jobdir.where_pid(self.dir), str(os.getpid()))
         self.launcher = launcher
         engine = self.engine = Engine(self.dir, self, timeout=args.timeout, quiet=args.quiet,
                                       keep_running=args.keep_running)
@@ -123,13 +136,20 @@ class Watch:
 
     def _loop(self, engine: Engine, launcher, signals: _Signals) -> int:
         next_reap = 0.0
+        every = self.args.progress
+        started = time.monotonic()
+        next_progress = started + every if every else float("inf")
         while True:
             if signals.got is not None:
-                say(f"{PROG}: got {signal.Signals(signals.got).name}: ending the job")
-                control.end(launcher, TIMING.job_term_wait)
-                return self._done(128 + signals.got, launcher.returncode)
+                return self._interrupted(engine, launcher, signals.got)
+            if signals.asked:
+                signals.asked = False
+                self._where(engine)
             code = launcher.poll()
             now = time.monotonic()
+            if now >= next_progress:
+                next_progress = now + every
+                say(f"{PROG}: {where.progress_line(engine.places()[0], now - started)}")
             if engine.tick(now):
                 return self._done(EXIT_DIAGNOSED, launcher.returncode)
             if code is not None:
@@ -140,6 +160,26 @@ class Watch:
             control.note_shm(now)
             time.sleep(min(0.2, max(0.02, engine.wake_at(now) - time.monotonic())))
         return self._ended(engine, launcher)
+
+    def _interrupted(self, engine: Engine, launcher, signum: int) -> int:
+        """Another hand ends the watch (Ctrl-C, a scheduler's SIGTERM, SIGHUP): where each rank was,
+        then the job ended, with the status the signal gives (128+N)."""
+        name = signal.Signals(signum).name
+        say(f"{PROG}: got {name}: where each rank is, then the job ends")
+        self.interrupted = engine.interrupt(name)
+        if self.interrupted is not None:
+            self.report(self.interrupted, title=f"interrupted by {name}")
+        control.end(launcher, TIMING.job_term_wait)
+        return self._done(128 + signum, launcher.returncode)
+
+    def _where(self, engine: Engine) -> None:
+        """SIGUSR1: where each rank is, said and written for ``pytest-nccl where``; the job goes on."""
+        text = "\n".join(where.lines(*engine.places()))
+        say(f"{PROG}: {text}")
+        try:
+            jobdir.write_text(jobdir.where_answer(self.dir), text + "\n")
+        except OSError as exc:
+            say(f"{PROG}: cannot write {jobdir.where_answer(self.dir)}: {exc}")
 
     def _ended(self, engine: Engine, launcher) -> int:
         """The launcher exited: the engine's verdict of the attempt followed (the launcher gave up, or
@@ -197,6 +237,7 @@ class Watch:
     def _done(self, code: int, returncode) -> int:
         engine = self.engine  # None: the launch command did not start, nothing was followed
         finding = engine.finding if engine is not None else None
+        finding = finding or self.interrupted
         peers_missing = engine.peers_missing if engine is not None else ""
         side_group_missing = engine is not None and engine.side_group_missing
         watched = engine.watched() if engine is not None else {}
@@ -205,7 +246,7 @@ class Watch:
             say(f"{PROG}: {line}")
         if not self.args.quiet and (finding is not None or side_group_missing):
             head = present.headline(finding) if finding is not None else peers_missing
-            say(present.recap(PROG, head, code))
+            say(present.recap(PROG, head, code, interrupted=finding is self.interrupted))
         if self.args.json:
             text = present.summary(finding, exit_code=code,
                                    job_exit_code=None if returncode is None else status_of(returncode),

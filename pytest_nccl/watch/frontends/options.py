@@ -26,6 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on a verdict, report but leave the job running (to attach a debugger)")
     p.add_argument("--quiet", action="store_true", help="print only the headline of a verdict")
     p.add_argument("--json", metavar="FILE", help="write the outcome as JSON (for CI)")
+    p.add_argument("--progress", type=float, default=0.0, metavar="SECONDS",
+                   help="print a one-line progress every SECONDS (collectives per rank, the slowest rank, "
+                        "the longest wait), so that a CI log never sits silent; default off")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the launch command, after --")
     return p
 
@@ -43,6 +46,8 @@ def parse(argv: list) -> tuple[argparse.Namespace, list]:
     if not command:
         raise UsageError("no command to watch: give it after --, e.g. "
                          "pytest-nccl watch --timeout 300 -- torchrun --nproc-per-node 4 train.py")
+    if args.progress < 0:
+        raise UsageError(f"--progress must be a number of seconds >= 0 (0: off), not {args.progress:g}")
     if not args.timeout > 0:
         raise UsageError(f"--timeout must be a positive number of seconds, not {args.timeout:g}")
     return args, command

@@ -5,6 +5,7 @@ A daemon thread (``pytest-nccl-watch-agent``: never shown in stacks) serves a un
 
     status   {"fr": the Flight Recorder's per-group progress (pg_status), or null}   (cheap)
     fr       {"fr_json": the Flight Recorder's dump (JSON text), or null}
+    stack    {"stack": Python stacks of every thread}                               (where a rank is)
     dump     {"stack": Python stacks of every thread, "fr_json": ..., "fr_pickle": base64 or null}
 
 It answers while the main thread waits inside a collective (gloo and NCCL release the GIL there).
@@ -145,6 +146,8 @@ class Agent:
             reply = dump()
         elif asked is AgentRequest.FR:
             reply = {"fr_json": tracer.flight_recorder_json()}
+        elif asked is AgentRequest.STACK:
+            reply = {"stack": format_stacks(cut_main_to_user=True)}
         else:
             reply = {"error": f"unknown request {what!r}"}
         conn.sendall(json.dumps(reply).encode())
