@@ -5,10 +5,11 @@ Commands:
   matrix   run a pytest selection over many releases and world sizes; a Markdown matrix (docs/bisect.md)
   watch    run a distributed job with its collectives traced; diagnose and end it when it hangs or
            desyncs (docs/watch.md)
+  where    ask a running watch where each rank of its job is; the job goes on (docs/watch.md)
 
 The program name in usage and error lines is the one the user typed: ``pytest-nccl``, or
 ``python -m pytest_nccl`` when run that way. bisect's and matrix's arguments are subcommand parsers
-of this parser; watch reads its own (everything after ``watch`` goes to it).
+of this parser; watch and where read their own (everything after the command goes to it).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ COMMANDS = {
     "bisect": "find the first bad (or first fixed) release of PACKAGE for a pytest selection",
     "matrix": "run a pytest selection on many releases x world sizes; write a Markdown matrix",
     "watch": "trace a running job's collectives; diagnose and end it when it hangs or desyncs",
+    "where": "ask a running watch where each rank of its job is (the job goes on)",
 }
 
 
@@ -67,6 +69,7 @@ def build_parser(prog: str) -> tuple[argparse.ArgumentParser, dict[str, argparse
                                     epilog=module.EPILOG)
         module.add_arguments(subs[name])
     sub.add_parser("watch", help=COMMANDS["watch"], add_help=False)
+    sub.add_parser("where", help=COMMANDS["where"], add_help=False)
     return parser, subs
 
 
@@ -77,6 +80,10 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         from .watch.frontends.cli import main as watch_main
 
         return watch_main(argv[1:])
+    if argv[:1] == ["where"]:  # ... and so does where (watch/frontends/where.py)
+        from .watch.frontends.where import main as where_main
+
+        return where_main(argv[1:])
     from .bisect import cli as bisect_cli
     from .bisect.matrix import cli as matrix_cli
 

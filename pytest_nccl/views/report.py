@@ -14,6 +14,8 @@ import os
 from types import SimpleNamespace
 
 from ..core.diagnosis import Diagnosis
+from ..core.diagnosis.outside import NO_FUNCTION
+from ..core.diagnosis.outside import place as place_of
 from ..core.diagnosis.wording import TEST, Words, waiting_for, where
 from ..core.groups import rank_ranges
 from ..core.records import RankView
@@ -61,7 +63,10 @@ def format_positions(ranks: list[RankView], words: Words = TEST, counts: dict | 
     for v in ranks:
         n = sum(counts[v.rank].values()) if counts and v.rank in counts else len(v.records)
         if v.status == RankState.DEAD:
-            place = v.exit_description
+            cur = v.current
+            # where it was when it went: its collective, or its stack's line (written as it died)
+            at = f" in {where(cur)}" if cur is not None else f" at {stop}" if (stop := place_of(v, NO_FUNCTION)) else ""
+            place = v.exit_description + at
         elif v.status == RankState.RUNNING:
             cur = v.current
             if cur is None:

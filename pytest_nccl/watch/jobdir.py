@@ -190,6 +190,10 @@ def fatal(directory: str, rank: int) -> str:
     return os.path.join(directory, f"fatal-{rank}.txt")
 
 
+#: the signals by which another hand ends a rank (its launcher, a scheduler, a closed terminal)
+ENDING_SIGNALS = ("SIGTERM", "SIGHUP")
+
+
 def ended_by(directory: str, rank: int, signal_name: str) -> str:
     """faulthandler's stacks of the rank when ``signal_name`` (SIGTERM, SIGHUP) reached it: where it
     was when its launcher (or a scheduler) ended it."""

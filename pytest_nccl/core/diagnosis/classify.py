@@ -33,6 +33,7 @@ from .wording import (
     TEST,
     Words,
     brief,
+    ended_in,
     grouped,
     rank_list,
     state_of,
@@ -236,6 +237,8 @@ def _absent(div: Divergence, views: dict, reason: Reason, bound: float, words: W
     if reason == Reason.TIMEOUT and first.status in (RankState.RUNNING, RankState.UNSEEN):
         verb = f"waited {words.whole(bound)}"
     waits = waiting_for(rec, views.get(rec.rank))
+    if all(views[r].status == RankState.DEAD for r in waiting):  # they waited in it until they went
+        verb, waits = "waited", f"in {where(rec)} until {ended_in(views[rec.rank], rec)}"
     headline = f"{rank_list(same)} {state}; {rank_list(waiting)} {verb} {waits}"
     if len(headline) >= HEADLINE_WIDTH - len("slow rank: "):  # too long: the function's name goes, not
         headline = (f"{rank_list(same)} {state_of(first, div.pg, views, NO_FUNCTION, words)}; "  # the line it waits in

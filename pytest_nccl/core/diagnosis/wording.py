@@ -127,6 +127,15 @@ def waiting_for(rec: CollectiveRecord, view: RankView | None = None) -> str:
     return f"for {where(rec)}" + (f" at {sync}" if sync else "")
 
 
+def ended_in(view: RankView, rec: CollectiveRecord) -> str:
+    """How a rank that died inside ``rec`` went: 'killed by SIGABRT (NCCL's watchdog: ...)' for an
+    abort while the collective was enqueued and not completed, the watchdog's way of ending a rank."""
+    how = view.exit_description
+    if view.signal_name == "SIGABRT" and rec.state == RecordState.IN_FLIGHT:
+        how += " (NCCL's watchdog ends a rank so when a collective it enqueued times out or fails)"
+    return how
+
+
 def state_of(view: RankView, pg: str, views: dict | None = None, quote: int = FULL, words: Words = TEST) -> str:
     """Why this rank is not in the collective the others wait in (``quote``: how much of its place a
     headline quotes, ``outside.FULL`` first)."""

@@ -149,6 +149,14 @@ class LocalRank:
         """What faulthandler wrote when a fatal signal ended it."""
         return read_text(jobdir.fatal(self.directory, self.rank))
 
+    def ended_by(self) -> tuple[str, str] | None:
+        """(signal name, its stacks) when SIGTERM or SIGHUP reached it (``inrank.endsignals``)."""
+        for name in jobdir.ENDING_SIGNALS:
+            text = read_text(jobdir.ended_by(self.directory, self.rank, name))
+            if text.strip():
+                return name, text
+        return None
+
 
 class RemoteJournal:
     """A rank's journal on another node, as the deciding watch knows it: how much of it its node's
@@ -199,6 +207,9 @@ class RemoteRank:
 
     def fatal(self) -> str:
         return ""  # in its exit report already
+
+    def ended_by(self) -> tuple[str, str] | None:
+        return None  # in its exit report already
 
 
 class Followed:

@@ -4,6 +4,9 @@ signal that faulthandler recorded, a rank on a node this watch cannot see)."""
 
 from __future__ import annotations
 
+import linecache
+import re
+
 from ...core.exits import decode_wait_status
 from ...core.reports import RankReport
 from ...core.states import RankState
@@ -17,6 +20,24 @@ FATAL_SIGNALS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus err
 ON_ANOTHER_NODE = "runs on another node, which this watch cannot see"
 OUTSIDE = ("runs outside this watch (another node, or a process not started under it): its peers completed "
            "collectives with it")
+
+
+# a frame as faulthandler writes it: '  File "x.py", line 13 in <module>' (no source line follows)
+_FAULTHANDLER_FRAME = re.compile(r'^\s*File "(.+)", line (\d+) in ')
+
+
+def with_sources(stack: str) -> str:
+    """faulthandler's stacks with each frame's source line under it, as a traceback shows it, so that
+    a headline says what the rank was doing there ('time.sleep(600)'); read on this host, where the
+    rank ran."""
+    out = []
+    for line in stack.splitlines():
+        out.append(line)
+        frame = _FAULTHANDLER_FRAME.match(line)
+        source = linecache.getline(frame[1], int(frame[2])).strip() if frame else ""
+        if source:
+            out.append(f"    {source}")
+    return "\n".join(out)
 
 
 def report_of(r: int, f: Followed | None, answer: dict | None, t0: float, outside: str | None) -> RankReport:
@@ -42,10 +63,13 @@ def report_of(r: int, f: Followed | None, answer: dict | None, t0: float, outsid
         report.stack = answer.get("stack") or ""
     if report.state == RankState.DEAD and f.local:
         fatal = f.source.fatal()
+        ended = f.source.ended_by()
         if fatal:
-            report.stack = fatal[-6000:]
+            report.stack = with_sources(fatal[-6000:])
             report.signal_name = next((sig for text, sig in FATAL_SIGNALS.items()
                                        if f"Fatal Python error: {text}" in fatal), None)
+        elif ended is not None:  # its launcher (or a scheduler) ended it: where it was then
+            report.signal_name, report.stack = ended[0], with_sources(ended[1][-6000:])
         if f.source.exit_code is not None and report.signal_name is None:
             report.exit_code, report.signal_name = decode_wait_status(f.source.exit_code)
     return report

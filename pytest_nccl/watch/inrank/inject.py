@@ -13,7 +13,8 @@ torch (``startup/sitecustomize.py`` calls ``after_torch``). Imports only the ran
   once the default group exists the process is a rank, whatever gave it its rank and world
   (environment, arguments, an ``init_method`` URL, a store): it starts the journal, starts the agent
   thread (``agent.py``), writes ``rank-R.json``, enables faulthandler into ``fatal-R.txt`` (unless
-  the script enabled it already) and, at exit, writes ``exit-R.json`` (``exitrecord``): raised (the unhandled
+  the script enabled it already), has SIGTERM and SIGHUP write its stacks into ``signal-R-SIG.txt``
+  before their own effect (``endsignals``) and, at exit, writes ``exit-R.json`` (``exitrecord``): raised (the unhandled
   exception), exited through ``sys.exit`` with a non-zero status, or passed. A ``multiprocessing``
   child (``mp.spawn``, ``Process``) writes it from multiprocessing's own exit path, which sees the
   exception its target raised (a forked child ends with ``os._exit``: no ``atexit``). A killed
@@ -37,7 +38,7 @@ import sys
 from typing import TYPE_CHECKING, TextIO
 
 from .. import jobdir
-from . import exitrecord
+from . import endsignals, exitrecord
 from .ownranks import created_by_pytest_nccl
 from .worlds_rank import launcher_env, world_key
 
@@ -317,6 +318,10 @@ class _Rank:
         if _forked or not faulthandler.is_enabled():  # a forked child has pytest's, to its stderr
             self.fatal_file = open(jobdir.fatal(d, r), "w")
             faulthandler.enable(file=self.fatal_file, all_threads=True)
+        try:  # ended by its launcher or a scheduler: where it was, then the signal's own effect
+            endsignals.install(d, r)
+        except (OSError, ValueError, RuntimeError) as exc:  # the rest works without it: said
+            _warn(f"no stacks on SIGTERM ({type(exc).__name__}: {exc})")
         atexit.register(self.at_exit)
         self._multiprocessing_exit()
         jobdir.write_json(jobdir.rank_info(d, r), jobdir.RankInfo(
