@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from . import github
 from .adopt.adopter import ADOPTED_KEY, ADOPTER_KEY, Adopter
 from .core.states import Phase
 from .errors import DistributedTestFailure, NcclUsageError, RankSetupError
@@ -30,6 +31,7 @@ from .settings import (
     unsupported_platform,
 )
 from .views import gate
+from .views.github import GithubMode
 from .views.report import NcclLongRepr, trace_files
 
 # A bad setting, kept from configure to the session's start: --help, --version, --markers and
@@ -56,6 +58,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = session
     session.recorder = gate.ReportRecorder()
     config.pluginmanager.register(session.recorder, "nccl-report-recorder")
+    github.install(config, session)  # GitHub Actions: annotations, the job summary's table (--nccl-github)
     reason = unsupported_platform()
     if reason is not None:
         from .unsupported import UnsupportedPlatform
@@ -342,7 +345,8 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         markdown = gate.render_report(env, results, backend, world, report_path=nccl.settings.report)
         with open(nccl.settings.report, "w", encoding="utf-8") as f:
             f.write(markdown)
-        gate.append_step_summary(markdown)
+        if nccl.settings.github != GithubMode.OFF:
+            gate.append_step_summary(markdown)
     code = nccl.settings.exitcode_infra
     if code is not None:
         from . import exitcodes

@@ -18,6 +18,7 @@ import pytest
 from .core.messages import RankStart
 from .core.states import Backend, Word
 from .errors import NcclUsageError
+from .views.github import GithubMode
 
 BACKENDS = tuple(Backend)
 RANK_STARTS = tuple(RankStart)
@@ -36,6 +37,7 @@ class SpmdMode(Word):
 
 
 SPMD_MODES = tuple(SpmdMode)
+GITHUB_MODES = tuple(GithubMode)
 
 
 # -- parsers: one clear line for anything wrong; ``where`` names the source -------------------------
@@ -146,6 +148,10 @@ SETTINGS = (
             "diagnosis (on, the default: torch's MultiProcessTestCase and MultiProcContinuousTest classes get "
             "their ranks from the fork server) or not (off: they run under their own harness)",
             parse_switch, True, metavar="on|off", ini="bool"),
+    Setting("github", "GitHub Actions: each failed distributed test as an error annotation at its call site, "
+            "and a table in the job summary: auto (the default: annotations when GITHUB_ACTIONS=true, the "
+            "table when GITHUB_STEP_SUMMARY is set), on, or off",
+            lambda v, where: parse_choice(v, where, GITHUB_MODES), "auto", metavar="auto|on|off", ini="string"),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
 MARKER_ARGS = tuple(s.name for s in SETTINGS if s.marker)
@@ -191,6 +197,7 @@ class Settings:
     exitcode_infra: int | None = None
     preload: tuple = ()
     adopt: bool = BY_NAME["adopt"].default
+    github: str = BY_NAME["github"].default
 
 
 assert {f.name for f in fields(Settings)} == set(BY_NAME), "every setting is one field of Settings"

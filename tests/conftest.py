@@ -17,6 +17,9 @@ import pytest
 # The inner sessions write gate reports: on GitHub Actions they would land in the real job summary
 # (a test of the summary sets its own). Removed at import, so every subprocess inherits it too.
 os.environ.pop("GITHUB_STEP_SUMMARY", None)
+# and their failures would be annotations of this repository's run, their output not what a user's
+# sees off GitHub (tests/test_github.py sets its own)
+os.environ.pop("GITHUB_ACTIONS", None)
 
 INNER_TIMEOUT = 240  # an inner session that takes longer than this is itself a hang
 

@@ -67,7 +67,7 @@ RANK_SIDE = in_folder("core", "rank") | {
     "watch", "watch.jobdir", "watch.timing", "watch.debug",
     *(name for name in MODULES if name.startswith("watch.inrank"))}
 # Pure: tested on data with a fake clock; no torch, no processes, no sockets.
-PURE = in_folder("core") | {"settings", "views.timeline", "views.swimlane", "bisect.tomlcompat",
+PURE = in_folder("core") | {"settings", "views.timeline", "views.swimlane", "views.github", "bisect.tomlcompat",
                             "bisect.matrix", "bisect.matrix.results", "bisect.matrix.cells",
                             "bisect.matrix.findings", "bisect.matrix.render"}
 GRAPH = {name: imports_of(path)[0] & set(MODULES) for name, path in MODULES.items()}

@@ -102,6 +102,11 @@ def _main_frames(stack: str) -> list[tuple[str, str, str, str]]:
     return frames
 
 
+def stack_frames(stack: str) -> list[tuple[str, int]]:
+    """(path, line) of the main thread's frames, innermost first (``_main_frames``' reading)."""
+    return [(path, int(line)) for path, line, _, _ in reversed(_main_frames(stack or "")) if line.isdigit()]
+
+
 def _user_frames(stack: str) -> list[tuple[str, str, str, str]]:
     return [f for f in _main_frames(stack or "") if not is_ours(f[0])]
 

@@ -35,6 +35,7 @@ from ..engine import control, present, stragglers, where
 from ..engine.job import Ended, Engine
 from ..engine.outcome import EXIT_DIAGNOSED, exit_status
 from ..timing import TIMING
+from . import ci
 from .options import PROG, UsageError, build_parser, parse
 
 EXIT_USAGE = 2
@@ -247,6 +248,7 @@ class Watch:
         if not self.args.quiet and (finding is not None or side_group_missing):
             head = present.headline(finding) if finding is not None else peers_missing
             say(present.recap(PROG, head, code, interrupted=finding is self.interrupted))
+        ci.verdict(finding, code, self.trace_files, self.args.github)  # GitHub Actions (--github)
         if self.args.json:
             text = present.summary(finding, exit_code=code,
                                    job_exit_code=None if returncode is None else status_of(returncode),

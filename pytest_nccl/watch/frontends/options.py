@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ...usage import Parser, UsageError
+from ...views.github import GithubMode
 from ..engine.present import PROG
 
 __all__ = ["PROG", "UsageError", "build_parser", "parse"]
@@ -29,6 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--progress", type=float, default=0.0, metavar="SECONDS",
                    help="print a one-line progress every SECONDS (collectives per rank, the slowest rank, "
                         "the longest wait), so that a CI log never sits silent; default off")
+    p.add_argument("--github", choices=[str(m) for m in GithubMode], default=GithubMode.AUTO,
+                   type=str.lower, metavar="auto|on|off", help="GitHub Actions: the verdict as an error "
+                   "annotation at its call site and in the job summary: auto (the default: when GITHUB_ACTIONS=true / "
+                   "GITHUB_STEP_SUMMARY is set), on, or off")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the launch command, after --")
     return p
 
