@@ -41,7 +41,9 @@ if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
 from .budget import MIN_BOUND, Budget, pytest_timeout_of
+from .core.call import signal_of
 from .core.messages import LaunchedVerdict, Quit, TestCall, TestEnded, TestFollowed
+from .core.states import Reason
 from .interrupts import ENDING, PREVIOUS_HANDLER
 from .session import NcclSession, exception_class, item_budget, record_failure
 from .watch.jobdir import ENV_DIR
@@ -213,9 +215,14 @@ class Launched:
             # no process of the test imported torch: nothing to judge, no message (a process it left
             # running is ended when it makes the directory, or at the session's end)
             return
-        verdict = self._answer(TestEnded(call.call, failed, until))
+        interrupted = signal_of(exc) if isinstance(exc, KeyboardInterrupt) else ""
+        verdict = self._answer(TestEnded(call.call, failed, until, interrupted))
         shutil.rmtree(call.call.directory, ignore_errors=True)
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)) or not decide(verdict, own is not None):
+        if interrupted:  # where the test's ranks were, as the test's report; then pytest stops
+            if verdict is not None and getattr(verdict.finding, "reason", None) == Reason.INTERRUPTED:
+                self._raise(item, call, verdict, None)
+            return
+        if isinstance(exc, SystemExit) or not decide(verdict, own is not None):
             return
         assert verdict is not None
         self._raise(item, call, verdict, own)

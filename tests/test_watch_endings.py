@@ -122,7 +122,7 @@ def test_a_rank_its_launcher_ended_after_nccls_watchdog_aborted_another_says_whe
     assert run.code == 3, run.text
     assert f"rank 1 killed by SIGTERM at {JOB}:{SLEEP_LINE}: time.sleep(600) after 3 collectives in " \
            f"group default; rank 0 waited in all_reduce #4 of group default from {JOB}:{REDUCE_LINE} " \
-           "(enqueued, not completed) until killed by SIGABRT (NCCL's watchdog" in run.stderr, run.stderr
+           "(enqueued, not completed) until it was killed by SIGABRT (NCCL's watchdog" in run.stderr, run.stderr
     assert f"rank 1: killed by SIGTERM at {JOB}:{SLEEP_LINE}: time.sleep(600)" in run.stderr, run.stderr
 
 

@@ -303,6 +303,7 @@ class TestEnded:
     call: TestCall
     failed: bool              # the test itself raised (its own failure, before any verdict of ours)
     until: int                # clock ticks since boot at the call's end: what started later is another test's
+    interrupted: str = ""     # the signal that interrupted pytest during the call (SIGINT...): where the ranks are
 
 
 @dataclass

@@ -128,9 +128,10 @@ def waiting_for(rec: CollectiveRecord, view: RankView | None = None) -> str:
 
 
 def ended_in(view: RankView, rec: CollectiveRecord) -> str:
-    """How a rank that died inside ``rec`` went: 'killed by SIGABRT (NCCL's watchdog: ...)' for an
-    abort while the collective was enqueued and not completed, the watchdog's way of ending a rank."""
-    how = view.exit_description
+    """How a rank that died inside ``rec`` went, after "until": 'it was killed by SIGABRT (NCCL's
+    watchdog ...)' for an abort while the collective was enqueued and not completed (the watchdog's
+    way of ending a rank), 'it exited with code 1'."""
+    how = ("it was " if view.signal_name else "it ") + view.exit_description
     if view.signal_name == "SIGABRT" and rec.state == RecordState.IN_FLIGHT:
         how += " (NCCL's watchdog ends a rank so when a collective it enqueued times out or fails)"
     return how

@@ -105,7 +105,7 @@ class Helper:
         processes.until = ended.until
         verdict = None
         try:
-            verdict = watch.conclude(ended.failed)
+            verdict = watch.conclude(ended.failed, ended.interrupted)
         finally:
             watch.close()
         processes.end()

@@ -50,11 +50,14 @@ class TestWatch:
     def wake_at(self, now: float) -> float:
         return now + 0.2 if self.verdict is not None else self.engine.wake_at(now)
 
-    def conclude(self, failed: bool) -> LaunchedVerdict | None:
+    def conclude(self, failed: bool, interrupted: str = "") -> LaunchedVerdict | None:
         """The test's call returned (``failed``: it raised, the launcher's status 1): the verdict of
-        the run, if any."""
+        the run, if any. ``interrupted``: a signal ended pytest's wait (Ctrl-C): where the ranks are
+        now, asked of them before they are ended."""
         if self.verdict is not None:
             return self.verdict
+        if interrupted and (finding := self.engine.interrupt(interrupted)) is not None:
+            return self._verdict(finding, live=True)
         # a test's ranks run on this host: what the journals show is this follower's own
         finding = self.engine.conclude(1 if failed else 0, agree=False).finding
         return self._verdict(finding, live=False) if finding is not None else None

@@ -1,0 +1,142 @@
+"""A pytest session interrupted while a test's ranks hang says where each rank was, in that test's
+report, then stops as pytest does (interrupts.py, core/call.py): a marked test at world 4, a test
+written for torch's ``MultiProcessTestCase`` (adopted), and a test that starts ``torchrun`` itself
+(launched). Real signals to a real inner pytest; nothing it started is left. (World 2 and every
+signal: tests/test_lifecycle.py.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import assert_no_leftovers, processes_with_tag
+from watch_support import line_in
+
+REPO = Path(__file__).resolve().parents[1]
+ENDINGS_JOB = REPO / "tests" / "watch" / "endings_job.py"
+REPORT_WITHIN = 6.0  # seconds from the signal to pytest's end (the promise is 2 s; a loaded runner)
+
+MARKED = """
+import time
+import pytest, torch
+import torch.distributed as dist
+
+
+@pytest.mark.nccl(world=4)
+def test_hangs(rank):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    open(f"ready.{rank}", "w").close()
+    if rank == 2:
+        time.sleep(600)  # rank 2
+    dist.all_reduce(t)
+"""
+
+ADOPTED = """
+import time
+import torch, torch.distributed as dist
+from torch.testing._internal.common_distributed import MultiProcessTestCase
+
+
+class HangTests(MultiProcessTestCase):
+    @property
+    def world_size(self):
+        return 2
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def test_hangs(self):
+        dist.init_process_group("gloo", rank=self.rank, world_size=self.world_size,
+                                init_method=f"file://{self.file_name}")
+        open(f"ready.{self.rank}", "w").close()
+        if self.rank == 1:
+            time.sleep(600)  # rank 1
+        dist.all_reduce(torch.ones(1))
+"""
+
+LAUNCHED = f"""
+import os, socket, subprocess, sys
+
+
+def port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_torchrun(tmp_path):
+    env = dict(os.environ, ENDINGS_READY=os.path.abspath("ready"))
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
+                    f"--master-port={{port()}}", {str(ENDINGS_JOB)!r}, "sleeps"], env=env, check=True)
+"""
+
+
+def interrupt(pytester, source: str, ready: int, sig: int = signal.SIGINT) -> tuple[str, int, float]:
+    """Run ``source`` in an inner pytest, wait until ``ready`` ranks touched ``ready.R``, send ``sig``;
+    its output, exit status, and the seconds from the signal to its end."""
+    pytester.makepyfile(test_inner=source)
+    tag = uuid.uuid4().hex
+    # not under this session's follower of the ranks tests start (launched.py): the inner one follows its own
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_NCCL_WATCH_DIR"}
+    env.update(PYTEST_NCCL_TEST_TAG=tag, PYTHONFAULTHANDLER="1")
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_inner.py"],
+                            cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while sum((pytester.path / f"ready.{r}").exists() for r in range(ready)) < ready:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                out = proc.communicate()[0].decode(errors="replace") if proc.poll() is not None else ""
+                pytest.fail(f"the ranks never got ready:\n{out}")
+            time.sleep(0.1)
+        time.sleep(1.0)
+        sent = time.monotonic()
+        proc.send_signal(sig)
+        try:
+            out, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            out, _ = proc.communicate(timeout=30)
+            pytest.fail(f"pytest outlived {signal.Signals(sig).name} by 60 s:\n{out.decode(errors='replace')}")
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert_no_leftovers(tag, wait=10)
+    assert not processes_with_tag(tag)
+    return out.decode(errors="replace"), proc.returncode, took
+
+
+def test_ctrl_c_during_a_marked_test_at_world_4_names_each_rank(pytester):
+    out, code, took = interrupt(pytester, MARKED, ready=4)
+    assert code == 2 and took < REPORT_WITHIN, (code, took, out)
+    line = line_in(pytester.path / "test_inner.py", "# rank 2")
+    assert "interrupted after " in out and f"(SIGINT): rank 2 is busy outside any collective at test_inner.py:" \
+           f"{line}: time.sleep(600)" in out, out
+    assert "ranks 0,1,3 wait in all_reduce #2 of group default" in out or "ranks 0,1,3 are" in out, out
+    assert "Interrupted: SIGINT while test_inner.py::test_hangs ran" in out, out
+
+
+def test_sigterm_during_an_adopted_multiprocesstestcase_test_names_the_rank_that_never_came(pytester):
+    out, code, took = interrupt(pytester, ADOPTED, ready=2, sig=signal.SIGTERM)
+    assert code == -signal.SIGTERM and took < REPORT_WITHIN, (code, took, out)
+    line = line_in(pytester.path / "test_inner.py", "# rank 1")
+    assert f"(SIGTERM): rank 1 is busy outside any collective at test_inner.py:{line}: time.sleep(600)" in out, out
+    assert "rank 0 waits in all_reduce #1 of group default" in out, out
+
+
+def test_ctrl_c_during_a_test_that_runs_torchrun_itself_names_each_rank(pytester):
+    out, code, took = interrupt(pytester, LAUNCHED, ready=2)
+    assert code == 2 and took < REPORT_WITHIN, (code, took, out)
+    sleep, reduce = line_in(ENDINGS_JOB, "time.sleep(600)"), line_in(ENDINGS_JOB, "time.sleep(600)") + 1
+    assert f"(SIGINT): rank 1 is busy outside any collective at {ENDINGS_JOB}:{sleep}: time.sleep(600), after 3 " \
+           f"collectives in group default; rank 0 waits in all_reduce #4 of group default from " \
+           f"{ENDINGS_JOB}:{reduce}" in out, out
+    assert "Interrupted: SIGINT while test_inner.py::test_torchrun ran" in out, out
