@@ -6,6 +6,8 @@ Usage::
     pytest-nccl matrix PACKAGE (--from V --to V | --versions LIST) [--latest-patch [--keep V,...]]
         [--world N ...] --results FILE.json [--out FILE.md] [options] -- PYTEST-ARGS
     pytest-nccl matrix --render-only --results FILE.json [--out FILE.md]
+    pytest-nccl matrix ... --shard K/N [--balance EARLIER.json] -- PYTEST-ARGS   (one CI job's share)
+    pytest-nccl matrix --merge A.json B.json ... --out FILE.md [--results FILE.json]   (``shards``)
 
 Glue: the releases come from :mod:`..versions`, each release's env from the same
 ``EnvCache``/``make_request``/``ProbeConfig`` path as ``bisect`` (same cache root and fingerprint,
@@ -43,6 +45,7 @@ from ..prober import ProbeConfig, make_request
 from ..progress import fmt_seconds
 from ..runner import RunOutcome, run_pytest
 from ..versions import IndexError_, Release, parse_version_list, select_range
+from . import shards
 from .findings import parse_about, parse_notes
 from .render import render
 from .results import KEY_PACKAGES, Results, ResultsError, Run, TestRecord, latest_patches
@@ -79,11 +82,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --latest-patch: releases kept anyway (comma or space separated)")
     p.add_argument("--world", type=int, action="append", metavar="N",
                    help="world size (repeatable; default 2); the tool adds --nccl-world=N to pytest")
-    p.add_argument("--results", metavar="FILE", required=True,
-                   help="results JSON, read to resume and rewritten after every run")
+    p.add_argument("--results", metavar="FILE", help="results JSON, read to resume and rewritten after every run")
     p.add_argument("--out", metavar="FILE", help="the Markdown matrix (default: --results with .md)")
     p.add_argument("--rerun", action="store_true", help="run again the (release, world) pairs already in --results")
     p.add_argument("--render-only", action="store_true", help="write the Markdown from --results; run nothing")
+    shards.add_arguments(p)
     p.add_argument("--notes", metavar="FILE",
                    help="TOML of what is known about failing rows ([[note]] rows = [globs], text, new), shown "
                         "under Findings, and an 'about' text shown under the title (default: notes.toml "
@@ -104,6 +107,7 @@ def check_args(parser: argparse.ArgumentParser, ns: argparse.Namespace, pytest_a
     """What argparse alone cannot check; ``parser.error`` (one line, exit 2) for what is wrong."""
     ns.argv, ns.prog = list(argv), parser.prog
     ns.pytest_args = pytest_args
+    shards.check(parser, ns)  # --shard, --balance, --merge (and --results, required but with --merge)
     ns.results = Path(ns.results)
     ns.out = Path(ns.out) if ns.out else ns.results.with_suffix(".md")
     if ns.out.resolve() == ns.results.resolve():
@@ -117,7 +121,7 @@ def check_args(parser: argparse.ArgumentParser, ns: argparse.Namespace, pytest_a
             ns.note_list, ns.about = parse_notes(text), parse_about(text)
         except (OSError, ResultsError) as e:
             parser.error(f"--notes {ns.notes}: {e}")
-    if ns.render_only:
+    if ns.render_only or ns.merge:
         return ns
     if not ns.package:
         parser.error("give the PACKAGE, e.g. trl (or --render-only)")
@@ -285,6 +289,8 @@ def run(ns, out: TextIO, *, err: TextIO | None = None, index=None, make_cache=No
         write_markdown(results, ns.out, ns.note_list, ns.about)
         out.write(f"wrote {ns.out} from {ns.results}\n")
         return EXIT_OK
+    if ns.merge:
+        return shards.merge_files(ns, out, err, write_markdown)
     ns.index = index
     try:
         releases = list_releases(ns, out)
@@ -325,13 +331,18 @@ def run(ns, out: TextIO, *, err: TextIO | None = None, index=None, make_cache=No
     results.package, results.pytest_args, results.as_of = ns.package, list(ns.pytest_args), as_of
     results.command = f"{ns.prog} {shlex.join(ns.argv)}"  # as the user ran it
     results.python, results.torch = base.python_version, base.torch_version or ""
-    results.plan(versions, ns.worlds)
-    todo = [(v, w) for v in versions for w in ns.worlds if ns.rerun or results.get(v, w) is None]
-    total = len(versions) * len(ns.worlds)
+    results.plan(versions, ns.worlds)  # a shard's page too has every release: the others' read as not run
+    mine = shards.share(versions, ns.shard, ns.balance_seconds) if ns.shard else versions
+    results.shard = str(ns.shard or "")
+    todo = [(v, w) for v in mine for w in ns.worlds if ns.rerun or results.get(v, w) is None]
+    total = len(mine) * len(ns.worlds)
     out.write(f"pytest-nccl matrix: {ns.package} {', '.join(versions)} ({len(versions)} release"
               f"{'s' if len(versions) != 1 else ''}) x world {', '.join(map(str, ns.worlds))}\n")
     out.write(f"envs: {cache.envs} ({installer}, layered on torch {base.torch_version}, dependencies as of {as_of})\n")
     out.write(f"tests: pytest {shlex.join(ns.pytest_args)} --nccl-world=N\n")
+    if ns.shard:
+        out.write(f"shard {ns.shard}: {', '.join(mine) or 'no release'}"
+                  f" ({'by the seconds of ' + str(ns.balance) if ns.balance_seconds else 'in turn'})\n")
     out.write(f"results: {ns.results}: {total - len(todo)} of {total} runs there already, {len(todo)} to run"
               + (" (--rerun to run them again)" if total - len(todo) and not ns.rerun else "") + "\n")
     by_version = {r.version: r for r in releases}

@@ -132,6 +132,7 @@ class Results:
     torch: str = ""
     as_of: str = "release"
     updated: str = ""
+    shard: str = ""  # "K/N": a shard's results (``shards``), merged with the others'; "": the whole matrix
 
     def get(self, version: str, world: int) -> Run | None:
         return self.runs.get((version, world))
@@ -149,10 +150,11 @@ class Results:
         runs: dict[str, dict] = {}
         for (v, w), run in self.runs.items():
             runs.setdefault(v, {})[str(w)] = run.to_dict()
-        return {"schema": SCHEMA, "package": self.package, "pytest_args": list(self.pytest_args),
-                "versions": list(self.versions), "worlds": list(self.worlds), "command": self.command,
-                "python": self.python, "torch": self.torch, "as_of": self.as_of, "updated": self.updated,
-                "runs": runs}
+        doc = {"schema": SCHEMA, "package": self.package, "pytest_args": list(self.pytest_args),
+               "versions": list(self.versions), "worlds": list(self.worlds), "command": self.command,
+               "python": self.python, "torch": self.torch, "as_of": self.as_of, "updated": self.updated,
+               "runs": runs}
+        return dict(doc, shard=self.shard) if self.shard else doc  # a whole matrix's file as before
 
     def dumps(self) -> str:
         """Sorted keys; a list or object of plain values on one line (one line per test), the rest
@@ -172,7 +174,7 @@ class Results:
             res = cls(package=str(doc.get("package", "")), pytest_args=list(doc.get("pytest_args") or []),
                       command=doc.get("command") or "", python=doc.get("python") or "",
                       torch=doc.get("torch") or "", as_of=doc.get("as_of") or "release",
-                      updated=doc.get("updated") or "")
+                      updated=doc.get("updated") or "", shard=str(doc.get("shard") or ""))
             for v, by_world in (doc.get("runs") or {}).items():
                 for w, rdoc in by_world.items():
                     res.runs[(v, int(w))] = Run.from_dict(v, int(w), rdoc)
