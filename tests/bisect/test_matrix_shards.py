@@ -136,3 +136,21 @@ def test_usage_errors_are_one_line(argv, message, capsys, tmp_path, monkeypatch)
     assert matrix_cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and "Traceback" not in err, err
+
+
+def test_the_release_matrix_workflow_runs_shards_caches_envs_and_merges():
+    text = (Path(__file__).resolve().parents[2] / ".github" / "workflows" / "matrix.yml").read_text()
+    assert "workflow_dispatch:" in text and "actions/cache@" in text and "~/.cache/pytest-nccl/envs" in text
+    count = int(next(line for line in text.splitlines() if line.strip().startswith("SHARDS:")).split('"')[1])
+    assert f"shard: [{', '.join(str(k) for k in range(1, count + 1))}]" in text
+    assert '--shard "${{ matrix.shard }}/$SHARDS"' in text and f"of{count}-" in text
+    assert "needs: shard" in text and "matrix --merge shards/shard-*.json" in text
+    try:
+        import yaml
+    except ImportError:  # not a dependency: the text's checks above hold without it
+        yaml = None
+    if yaml is not None:
+        assert set(yaml.safe_load(text)["jobs"]) == {"shard", "merge"}
+    for line in text.splitlines():  # a bare torch on a hosted runner would be the CUDA build
+        if "pip install" in line:
+            assert "TORCH_INDEX_URL" in line, line
