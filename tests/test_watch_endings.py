@@ -6,6 +6,7 @@ Real signals to real processes: the watch, torchrun, its ranks."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import assert_no_leftovers
-from watch_support import JOBS, job_env, line_in, run_watch, torchrun
+from watch_support import JOBS, free_port, job_env, line_in, run_watch, torchrun
 
 JOB = JOBS / "endings_job.py"
 SLEEP_LINE = line_in(JOB, "time.sleep(600)")
@@ -25,17 +26,27 @@ REDUCE_LINE = SLEEP_LINE + 1
 REPORT_WITHIN = 6.0
 
 
+def launch(launcher: str, mode: str) -> list:
+    """The job under ``launcher``: torchrun, accelerate's (``accelerate launch``), or mp.spawn in it."""
+    if launcher == "accelerate":
+        return [os.path.join(os.path.dirname(sys.executable), "accelerate"), "launch", "--multi_gpu",
+                "--num_processes", "2", "--main_process_port", str(free_port()), str(JOB), mode]
+    if launcher == "mp.spawn":
+        return [sys.executable, str(JOB), mode, "mp-spawn", str(free_port())]
+    return torchrun(str(JOB), mode)
+
+
 class Running:
-    """``python -m pytest_nccl watch ... -- torchrun endings_job.py MODE`` with its stderr read line by
+    """``python -m pytest_nccl watch ... -- LAUNCHER endings_job.py MODE`` with its stderr read line by
     line as it comes (each line with the time it came)."""
 
-    def __init__(self, tmp_path: Path, mode: str, *watch_args: str):
+    def __init__(self, tmp_path: Path, mode: str, *watch_args: str, launcher: str = "torchrun"):
         self.tag = uuid.uuid4().hex
         self.ready = tmp_path / "ready"
         self.summary = tmp_path / "summary.json"
         env = job_env(self.tag, ENDINGS_READY=str(self.ready))
         command = [sys.executable, "-m", "pytest_nccl", "watch", "--timeout", "300", *watch_args,
-                   "--json", str(self.summary), "--", *torchrun(str(JOB), mode)]
+                   "--json", str(self.summary), "--", *launch(launcher, mode)]
         self.proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.lines: list[tuple[float, str]] = []
@@ -75,9 +86,11 @@ class Running:
         return code
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
-def test_a_signal_to_the_watch_says_where_each_rank_was_then_ends_the_job(tmp_path, sig):
-    run = Running(tmp_path, "sleeps")
+@pytest.mark.parametrize("sig, launcher", [(signal.SIGINT, "torchrun"), (signal.SIGTERM, "torchrun"),
+                                           (signal.SIGHUP, "torchrun"), (signal.SIGTERM, "accelerate"),
+                                           (signal.SIGINT, "mp.spawn")])
+def test_a_signal_to_the_watch_says_where_each_rank_was_then_ends_the_job(tmp_path, sig, launcher):
+    run = Running(tmp_path, "sleeps", launcher=launcher)
     run.wait_ready()
     sent = time.monotonic()
     run.proc.send_signal(sig)
