@@ -20,6 +20,7 @@ from conftest import assert_no_leftovers
 from watch_support import JOBS, free_port, job_env, line_in, run_watch, torchrun
 
 JOB = JOBS / "endings_job.py"
+RAY_JOB = JOBS / "ray_job.py"
 SLEEP_LINE = line_in(JOB, "time.sleep(600)")
 REDUCE_LINE = SLEEP_LINE + 1
 # the promise is 2 s from the signal to the report; a loaded 2-core runner gets a margin
@@ -33,6 +34,8 @@ def launch(launcher: str, mode: str) -> list:
                 "--num_processes", "2", "--main_process_port", str(free_port()), str(JOB), mode]
     if launcher == "mp.spawn":
         return [sys.executable, str(JOB), mode, "mp-spawn", str(free_port())]
+    if launcher == "ray":  # Ray actors as ranks (ray.init starts the cluster), as verl and OpenRLHF run
+        return [sys.executable, str(RAY_JOB), mode, str(free_port())]
     return torchrun(str(JOB), mode)
 
 
@@ -88,7 +91,7 @@ class Running:
 
 @pytest.mark.parametrize("sig, launcher", [(signal.SIGINT, "torchrun"), (signal.SIGTERM, "torchrun"),
                                            (signal.SIGHUP, "torchrun"), (signal.SIGTERM, "accelerate"),
-                                           (signal.SIGINT, "mp.spawn")])
+                                           (signal.SIGINT, "mp.spawn"), (signal.SIGTERM, "ray")])
 def test_a_signal_to_the_watch_says_where_each_rank_was_then_ends_the_job(tmp_path, sig, launcher):
     run = Running(tmp_path, "sleeps", launcher=launcher)
     run.wait_ready()
@@ -98,9 +101,10 @@ def test_a_signal_to_the_watch_says_where_each_rank_was_then_ends_the_job(tmp_pa
     assert code == 128 + sig, run.text
     said = run.first("interrupted after ", after=sent)
     assert said is not None and said - sent < REPORT_WITHIN, run.text
-    assert f"({sig.name}): rank 1 is busy outside any collective at {JOB}:{SLEEP_LINE}: " \
-           f"time.sleep(600), after 3 collectives in group default; rank 0 waits in all_reduce #4 of group " \
-           f"default from {JOB}:{REDUCE_LINE}" in run.text, run.text
+    job, op = (RAY_JOB, "all_gather") if launcher == "ray" else (JOB, "all_reduce")
+    sleep = line_in(job, "time.sleep(600)")
+    assert f"({sig.name}): rank 1 is busy outside any collective at {job}:{sleep}: time.sleep(600), after 3 " \
+           f"collectives in group default; rank 0 waits in {op} #4 of group default from {job}:" in run.text, run.text
     assert f"pytest-nccl watch: interrupted (exit {128 + sig}): interrupted after" in run.text, run.text
     summary = json.loads(run.summary.read_text())
     assert summary["interrupted"] == sig.name and not summary["verdict"] and summary["exit_code"] == 128 + sig

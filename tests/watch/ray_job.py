@@ -2,9 +2,10 @@
 (``ray.init()``), creates one actor per rank; each actor sets RANK/WORLD_SIZE/MASTER_* itself and
 creates the default process group, then trains.
 
-    python ray_job.py good|bad PORT
+    python ray_job.py good|bad|sleeps PORT
 
-bad: rank 1 all_gathers a tensor of another shape (the desync the watch names).
+bad: rank 1 all_gathers a tensor of another shape (the desync the watch names); sleeps: rank 1
+sleeps before the gather (each rank touches ``$ENDINGS_READY.R`` first: tests/test_watch_endings.py).
 """
 
 import os
@@ -32,6 +33,12 @@ class Trainer:
         t = torch.ones(2)
         for _ in range(3):
             dist.all_reduce(t)
+        if case == "sleeps":
+            open(f"{os.environ['ENDINGS_READY']}.{rank}", "w").close()
+            if rank == 1:
+                import time
+
+                time.sleep(600)  # the line the reports name
         n = 3 if case == "bad" and rank == 1 else 2
         out = [torch.zeros(n) for _ in range(WORLD)]
         dist.all_gather(out, torch.ones(n))  # the gather
