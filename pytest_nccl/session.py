@@ -144,7 +144,8 @@ def record_failure(item, session: NcclSession, diag: Diagnosis, exception: str, 
         outcome.result = result
         if result.reason == Reason.INTERRUPTED:  # reported where its ranks were; then pytest stops, as on Ctrl-C
             item.session.shouldstop = stop_message(item.nodeid, result.interrupted)
-    item.user_properties.extend([("nccl_diagnosis", diag.headline), ("nccl_diagnosis_kind", diag.kind),
+    # plain str: pytest-xdist (execnet) sends a report only of exact builtin types, never an enum
+    item.user_properties.extend([("nccl_diagnosis", str(diag.headline)), ("nccl_diagnosis_kind", str(diag.kind)),
                                  ("nccl_exception", exception)])
     if session.settings.trace_dir and result is not None:
         page = write_trace(session.settings.trace_dir, item.nodeid, result, on_error)

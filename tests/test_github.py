@@ -215,6 +215,17 @@ def test_unset_or_off_nothing_changes(tmp_path, args, github):
     assert "::" not in run.out.replace("test_gh.py::", "") and not summary.exists()
 
 
+def test_under_xdist_the_controller_annotates_each_failure_once(tmp_path):
+    """A worker's finding travels on its report; a failed test's report is one pytest-xdist can send."""
+    summary = tmp_path / "summary.md"
+    run = inner_session(tmp_path, "-n", "2", "-k", "raises or shape or passes", GITHUB_ACTIONS="true",
+                        GITHUB_STEP_SUMMARY=str(summary))
+    assert run.code == 1 and "INTERNALERROR" not in run.out, run.out
+    notes = [parse(line) for line in run.out.splitlines() if line.startswith("::")]
+    assert sorted(n["message"].split("\n")[1] for n in notes) == ["test_gh.py::test_raises", "test_gh.py::test_shape"]
+    assert summary.read_text().startswith("### pytest-nccl: 2 distributed tests failed\n")
+
+
 # -- the watch --------------------------------------------------------------------------------------
 
 JOB = """
