@@ -1,7 +1,7 @@
 """``pytest-nccl watch`` / ``python -m pytest_nccl watch``: run a distributed job under the watch.
 
     pytest-nccl watch [--timeout SECONDS] [--trace-dir DIR] [--keep-running] [--quiet] [--json FILE]
-                      -- LAUNCH COMMAND...
+                      [--progress SECONDS] -- LAUNCH COMMAND...
 
 Exit status (``outcome.exit_status``: one status per outcome, whoever ended the job first):
 
