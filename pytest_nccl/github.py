@@ -4,7 +4,8 @@ tests, and a short table appended to the job summary. The words and the escaping
 ``views/github.py``'s; this module only gathers them from pytest's reports.
 
 Controller side. What a worker of pytest-xdist finds travels to the controller on the report
-(``nccl_github``, plain JSON values), which prints and writes for the session, once.
+(``nccl_github``, plain JSON values), which prints and writes for the session, once; under a
+launcher (SPMD), rank 0 does.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from .views.report import trace_files
 REPORT_ATTRIBUTE = "nccl_github"
 
 
-def _is_worker(config) -> bool:
-    return hasattr(config, "workerinput")
+def _quiet(config) -> bool:
+    """Another process says it: an xdist worker (its controller), a rank other than 0 under a
+    launcher (rank 0 reports for every rank; ``spmd.quiet`` blocks that rank's terminal reporter)."""
+    return hasattr(config, "workerinput") or config.pluginmanager.is_blocked("terminalreporter")
 
 
 class GithubReporter:
@@ -72,7 +75,7 @@ class GithubReporter:
             self.others_failed.add(report.nodeid)
 
     def pytest_terminal_summary(self, terminalreporter, config) -> None:
-        if not self.annotate or _is_worker(config) or not self.failures:
+        if not self.annotate or _quiet(config) or not self.failures:
             return
         notes = [words.Annotation(f["title"], f["message"], f["file"], f["line"]) for f in self.failures.values()]
         for line in words.capped(notes):
@@ -80,7 +83,7 @@ class GithubReporter:
 
     def pytest_sessionfinish(self, session) -> None:
         """Before the plugin's own (trylast), which appends the gate report under this table."""
-        if self.summary_path is None or _is_worker(session.config) or not self.distributed:
+        if self.summary_path is None or _quiet(session.config) or not self.distributed:
             return
         rows = [words.Row(nodeid, f["title"], f["headline"], tuple(map(_shown, f["files"])))
                 for nodeid, f in self.failures.items()]

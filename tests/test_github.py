@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 from conftest import assert_no_leftovers, line_of
-from watch_support import run_watch, torchrun
+from watch_support import job_env, run_watch, torchrun
 
 from pytest_nccl.views import github
 
@@ -224,6 +224,38 @@ def test_under_xdist_the_controller_annotates_each_failure_once(tmp_path):
     notes = [parse(line) for line in run.out.splitlines() if line.startswith("::")]
     assert sorted(n["message"].split("\n")[1] for n in notes) == ["test_gh.py::test_raises", "test_gh.py::test_shape"]
     assert summary.read_text().startswith("### pytest-nccl: 2 distributed tests failed\n")
+
+
+SPMD = """
+import pytest, torch
+import torch.distributed as dist
+
+
+@pytest.mark.nccl
+def test_raises(rank):
+    dist.all_reduce(torch.ones(1))
+    assert rank == 0, "rank 1 disagrees"
+
+
+@pytest.mark.nccl
+def test_passes(rank):
+    dist.all_reduce(torch.ones(1))
+"""
+
+
+def test_under_a_launcher_rank_0_annotates_and_summarizes_once(tmp_path):
+    """SPMD mode: every rank is a pytest session; rank 0 reports for all (the others show nothing)."""
+    (tmp_path / "test_spmd_gh.py").write_text(textwrap.dedent(SPMD).lstrip("\n"))
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    summary, tag = tmp_path / "summary.md", uuid.uuid4().hex
+    env = job_env(tag, GITHUB_ACTIONS="true", GITHUB_STEP_SUMMARY=str(summary), GITHUB_WORKSPACE=str(tmp_path))
+    proc = subprocess.run(torchrun("-m", "pytest", "-p", "no:cacheprovider", "-q", "test_spmd_gh.py"), cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+    assert_no_leftovers(tag)
+    out = proc.stdout + proc.stderr
+    (line,) = [line for line in out.splitlines() if line.startswith("::")]
+    assert parse(line)["file"] == "test_spmd_gh.py" and parse(line)["line"] == str(line_of(SPMD, "assert rank == 0"))
+    assert summary.read_text().count("### pytest-nccl: 1 distributed test failed") == 1, summary.read_text()
 
 
 # -- the watch --------------------------------------------------------------------------------------
