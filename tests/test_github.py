@@ -138,17 +138,52 @@ def test_outside(rank):
 def test_passes(rank):
     dist.all_reduce(torch.ones(1))
 """
+MORE = """
+import socket
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.testing._internal.common_distributed import MultiProcessTestCase
+
+import gh_helpers
 
 
-def inner_session(tmp_path: Path, *args: str, **env: str) -> SimpleNamespace:
+def _spawned(rank, port):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    gh_helpers.gather_ragged(rank)
+
+
+def test_launched():  # ranks the test starts itself (docs/launched.md)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_spawned, args=(port,), nprocs=2)
+
+
+class TestAdopted(MultiProcessTestCase):  # torch's harness, adopted (docs/adopt.md)
+    world_size = 2
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def test_adopted(self):
+        dist.init_process_group("gloo", init_method=f"file://{self.file_name}", rank=self.rank, world_size=2)
+        assert self.rank == 0, "an adopted rank disagrees"
+"""
+
+
+def inner_session(tmp_path: Path, *args: str, more: bool = False, **env: str) -> SimpleNamespace:
     """The module above in ``tmp_path/repo`` (its rootdir), its helper beside it and a library outside
-    it, run as a real pytest with ``env`` added to a GitHub-free environment."""
+    it (``more``: and a launched and an adopted test, in a module of their own: torch's harness is
+    slow to import), run as a real pytest with ``env`` added to a GitHub-free environment."""
     repo, lib = tmp_path / "repo", tmp_path / "lib"
     repo.mkdir()
     lib.mkdir()
     (repo / "gh_helpers.py").write_text(textwrap.dedent(HELPER).lstrip("\n"))
     (lib / "far_lib.py").write_text(textwrap.dedent(OUTSIDE).lstrip("\n"))
     (repo / "test_gh.py").write_text(textwrap.dedent(INNER).lstrip("\n"))
+    if more:
+        (repo / "test_gh_more.py").write_text(textwrap.dedent(MORE).lstrip("\n"))
     (repo / "pytest.ini").write_text("[pytest]\n")
     tag = uuid.uuid4().hex
     base = {k: v for k, v in os.environ.items() if not k.startswith("GITHUB_") and k != "PYTEST_ADDOPTS"}
@@ -164,7 +199,7 @@ def annotated(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("annotated")
     summary = tmp / "summary.md"
     summary.write_text("earlier step\n")
-    run = inner_session(tmp, GITHUB_ACTIONS="true", GITHUB_STEP_SUMMARY=str(summary))
+    run = inner_session(tmp, more=True, GITHUB_ACTIONS="true", GITHUB_STEP_SUMMARY=str(summary))
     run.summary = summary.read_text()
     run.notes = {parse(line)["message"].split("\n")[1]: parse(line) for line in run.out.splitlines()
                  if line.startswith("::")}
@@ -176,24 +211,28 @@ def annotated(tmp_path_factory):
     ("test_raises", "RankRaised", "test_gh.py", "assert rank == 0"),              # the line that raised
     ("test_hang", "CollectiveTimeout", "test_gh.py", "time.sleep(60)"),          # where the slow rank is
     ("test_outside", "CollectiveMismatch", "test_gh.py", "far_lib.reduce_on_rank_0"),  # outside: the test's line
+    ("test_launched", "CollectiveMismatch", "gh_helpers.py", "dist.all_gather("),
+    ("TestAdopted::test_adopted", "RankRaised", "test_gh_more.py", "assert self.rank == 0"),
 ])
 def test_one_annotation_at_the_call_site(annotated, test, title, file, snippet):
-    note = annotated.notes[f"test_gh.py::{test}"]
-    source = {"gh_helpers.py": HELPER, "test_gh.py": INNER}[file]
+    module = "test_gh_more.py" if test in ("test_launched", "TestAdopted::test_adopted") else "test_gh.py"
+    note = annotated.notes[f"{module}::{test}"]
+    source = {"gh_helpers.py": HELPER, "test_gh.py": INNER, "test_gh_more.py": MORE}[file]
     assert (note["file"], note["line"], note["title"]) == (file, str(line_of(source, snippet)), title), annotated.out
     headline = note["message"].split("\n")[0]
-    assert f"FAILED test_gh.py::{test} - {title}: {headline[:20]}" in annotated.out
+    assert f"FAILED {module}::{test} - {title}: {headline[:10]}" in annotated.out
 
 
 def test_one_annotation_per_failed_test_and_none_for_a_pass(annotated):
     assert annotated.code == 1
-    assert sorted(annotated.notes) == [f"test_gh.py::test_{n}" for n in ("hang", "outside", "raises", "shape")]
+    assert sorted(annotated.notes) == [f"test_gh.py::test_{n}" for n in ("hang", "outside", "raises", "shape")] + \
+        ["test_gh_more.py::TestAdopted::test_adopted", "test_gh_more.py::test_launched"]
     assert "rank 1: 50%, a:b" in annotated.notes["test_gh.py::test_raises"]["message"]
 
 
 def test_the_job_summary_gets_the_table(annotated):
     text = annotated.summary
-    assert text.startswith("earlier step\n### pytest-nccl: 4 distributed tests failed\n"), text
+    assert text.startswith("earlier step\n### pytest-nccl: 6 distributed tests failed\n"), text
     assert "| test | exception | headline | trace files |" in text
     row = next(line for line in text.splitlines() if "test_raises" in line)
     assert row.startswith("| `test_gh.py::test_raises` | RankRaised | rank 1 raised AssertionError: rank 1: 50%")
