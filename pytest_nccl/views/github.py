@@ -1,6 +1,6 @@
 """GitHub Actions: a failure as one workflow-command annotation at its call site in the user's
 checkout, and the job summary's table. Pure: text in, text out; the pytest glue is
-``pytest_nccl/github.py``, the watch calls :func:`watch_lines` and :func:`watch_summary`.
+``pytest_nccl/github.py``, the watch's ``watch/frontends/ci.py``.
 
 An annotation is ``::error file=F,line=N,title=CLASS::MESSAGE``, escaped as GitHub's toolkit
 (``@actions/core``, ``command.ts``) escapes it: the message ``%`` -> ``%25``, CR -> ``%0D``,
