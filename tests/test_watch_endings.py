@@ -143,6 +143,18 @@ def test_a_rank_its_launcher_ended_after_nccls_watchdog_aborted_another_says_whe
     assert f"rank 1: killed by SIGTERM at {JOB}:{SLEEP_LINE}: time.sleep(600)" in run.stderr, run.stderr
 
 
+def test_a_rank_killed_by_sigkill_is_said_so_with_its_last_journaled_place(tmp_path):
+    """SIGKILL (the OOM killer, kill -9) leaves no stack: the rank's last completed collective says
+    where it was."""
+    run = Running(tmp_path, "sleeps")
+    run.wait_ready()
+    os.kill(int(Path(f"{run.ready}.1").read_text()), signal.SIGKILL)
+    assert run.end() == 3, run.text
+    assert f"rank 1 killed by SIGKILL after 3 collectives in group default, the last all_reduce #3 of group " \
+           f"default from {JOB}:{line_in(JOB, 'for _ in range(3)') + 1}; rank 0 waits in all_reduce #4" in run.text, \
+        run.text
+
+
 def test_where_without_a_watch_or_with_a_bad_argument_says_so_in_one_line(tmp_path):
     gone = subprocess.run([sys.executable, "-m", "pytest_nccl", "where", str(tmp_path)],
                           capture_output=True, text=True, timeout=30)

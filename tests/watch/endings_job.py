@@ -7,7 +7,7 @@ launch`` or on its own with ``torch.multiprocessing.spawn``.
                                      all_reduce, rank 0's watchdog aborts it, torchrun ends rank 1
     python endings_job.py sleeps mp-spawn PORT   the first, its 2 ranks from mp.spawn
 
-Each rank touches ``$ENDINGS_READY.R`` once it did its first 3 collectives.
+Each rank writes its pid to ``$ENDINGS_READY.R`` once it did its first 3 collectives.
 """
 
 import os
@@ -33,7 +33,8 @@ def run(rank, mode: str, port: int = 0) -> None:
     t = torch.ones(1)
     for _ in range(3):
         dist.all_reduce(t)
-    open(f"{os.environ['ENDINGS_READY']}.{rank}", "w").close()
+    with open(f"{os.environ['ENDINGS_READY']}.{rank}", "w") as f:
+        f.write(str(os.getpid()))
     if mode == "healthy":
         for _ in range(8):
             time.sleep(0.5)

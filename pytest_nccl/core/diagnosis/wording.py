@@ -146,7 +146,11 @@ def state_of(view: RankView, pg: str, views: dict | None = None, quote: int = FU
     after = f"after {count} collective{'s' if count != 1 else ''} in group {pg}"
     if view.status == RankState.DEAD:  # where it was when it went, if its stack was written then
         at = place(view, quote) if view.current is None else ""
-        return f"{view.exit_description}{f' at {at}' if at else ''} {after}"
+        if at:
+            return f"{view.exit_description} at {at} {after}"
+        # no stack (SIGKILL: the OOM killer, kill -9): its last journaled place
+        last = next((r for r in reversed(view.records_in(pg)) if r.state == RecordState.COMPLETED), None)
+        return f"{view.exit_description} {after}" + (f", the last {where(last)}" if last is not None else "")
     if view.status == RankState.FAILED:
         return f"raised {brief(view.message or view.exc_type)} {after}"
     if view.status == RankState.PASSED:
