@@ -4,8 +4,9 @@ A hung test is most often ended by another hand: Ctrl-C, Slurm's SIGTERM at the 
 follows 30 s later), a closed terminal's SIGHUP. Python turns only SIGINT into ``KeyboardInterrupt``;
 ``Endings`` raises ``core.call.Interrupted`` for the other two, so the call being watched concludes as
 interrupted (``CallDriver.run``), its report says where each rank was, and pytest stops as on Ctrl-C
-(``stop_session``), its summary written. Then ``redeliver`` ends the process by the signal it got, so
-that its exit status is still 128+N, as a scheduler reads it. A second signal ends it at once, the
+(``session.record_failure`` sets ``shouldstop`` to ``stop_message``), its summary written. Then
+``Endings.session_ended`` ends the process by the signal it got, so that its exit status is still
+128+N, as a scheduler reads it. A second signal ends it at once, the
 groups torn down first (the first one's handling may be what hangs).
 """
 
@@ -69,10 +70,18 @@ class Endings:
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
-    def redeliver(self) -> None:
-        """At the session's very end, after an ending signal: end the process by it (its exit status
-        is 128+N, as without the plugin)."""
-        if self.got is None or os.getpid() != self.pid:
+    def session_ended(self) -> None:
+        """At the session's very end: after an ending signal, end the process by it (its exit status
+        is 128+N, as without the plugin); else put back the handlers it found (an in-process inner
+        session leaves the outer one's)."""
+        if os.getpid() != self.pid:
+            return
+        if self.got is None:
+            for sig, previous in self.previous.items():
+                try:
+                    signal.signal(sig, previous)  # type: ignore[arg-type]
+                except (ValueError, OSError, TypeError):
+                    pass
             return
         signum, self.got = self.got, None
         previous = self.previous.get(signum)

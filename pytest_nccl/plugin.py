@@ -105,7 +105,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         adopter.close()
     endings = config.stash.get(ENDINGS_KEY, None)
     if endings is not None:
-        endings.redeliver()
+        endings.session_ended()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
