@@ -245,13 +245,21 @@ def test_every_test_passed_is_one_line(tmp_path):
     assert summary.read_text() == "pytest-nccl: no distributed test failed (1 ran)\n"
 
 
-@pytest.mark.parametrize("args, github", [((), False), (("--nccl-github=off",), True)])
+@pytest.mark.parametrize("args, github", [((), False), (("--nccl-github=off",), True),
+                                          (("-o", "nccl_github=off"), True)])
 def test_unset_or_off_nothing_changes(tmp_path, args, github):
     summary = tmp_path / "summary.md"
     env = {"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary)} if github else {}
     run = inner_session(tmp_path, "-k", "raises", *args, **env)
     assert run.code == 1 and "FAILED test_gh.py::test_raises - RankRaised" in run.out
     assert "::" not in run.out.replace("test_gh.py::", "") and not summary.exists()
+
+
+def test_a_bad_value_is_one_line(tmp_path):
+    run = inner_session(tmp_path, "--nccl-github=maybe")
+    assert run.code == 4 and "Traceback" not in run.out, run.out
+    (line,) = [line for line in run.out.splitlines() if "nccl-github" in line]
+    assert line == "ERROR: pytest-nccl: --nccl-github must be one of auto, on, off, got 'maybe'", run.out
 
 
 def test_under_xdist_the_controller_annotates_each_failure_once(tmp_path):
