@@ -5,6 +5,8 @@ Usage::
 
     pytest-nccl bisect PACKAGE --good V --bad V [options] -- PYTEST-ARGS
     pytest-nccl bisect PACKAGE --sweep --from V --to V [options] -- PYTEST-ARGS
+    pytest-nccl bisect PACKAGE --sweep ... --shard K/N --results FILE.json -- ...   (``sweeps``)
+    pytest-nccl bisect --merge A.json B.json ...                                     (their sweep)
 
 Exit status:
 
@@ -32,9 +34,10 @@ from typing import Callable, Sequence, TextIO
 from packaging.version import InvalidVersion, Version
 
 from ..usage import Parser, UsageError, report
-from . import builders, search
+from . import builders, search, sweeps
 from . import envs as envs_mod
 from .heartbeat import Heartbeat
+from .matrix.shards import parse_shard, share
 from .prober import ProbeConfig, ReleaseProber, tooling_requirements
 from .progress import TerminalReporter, render_bisect, render_sweep
 from .search import BoundsError
@@ -89,6 +92,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--to", metavar="V", help="sweep: last release")
     p.add_argument("--versions", metavar="LIST",
                    help="the releases to consider, comma or space separated, instead of the index's list")
+    p.add_argument("--shard", metavar="K/N", help="with --sweep: only this job's share of the releases (K of N)")
+    p.add_argument("--results", metavar="FILE", help="with --sweep: write the verdicts here (JSON), for --merge")
+    p.add_argument("--merge", metavar="FILE", nargs="+", help="print the sweep of these shards' --results; run nothing")
     add_release_options(p)
     p.add_argument("--no-check-bounds", action="store_true",
                    help="trust --good/--bad instead of testing them first")
@@ -163,6 +169,10 @@ def parse_args(argv: Sequence[str], prog: str = PROG) -> argparse.Namespace:
 def check_args(parser: argparse.ArgumentParser, ns: argparse.Namespace, pytest_args: list[str]) -> argparse.Namespace:
     """What argparse alone cannot check; ``parser.error`` (one line, exit 2) for what is wrong."""
     ns.pytest_args = pytest_args
+    if ns.merge is not None:
+        if ns.package or pytest_args or ns.shard or ns.results or ns.good or ns.bad or ns.from_ or ns.to:
+            parser.error("--merge takes the sweep shards' results files only")
+        return ns
     if not ns.package:
         parser.error("give the PACKAGE and its releases, e.g. trl --good 0.13.0 --bad 0.16.1 -- suites/trl -k cpo")
     if ns.sweep:
@@ -186,6 +196,12 @@ def check_args(parser: argparse.ArgumentParser, ns: argparse.Namespace, pytest_a
         parser.error("--good and --bad are the same version")
     if not pytest_args:
         parser.error("give the pytest selection after '--', e.g. -- suites/trl -k cpo")
+    if (ns.shard or ns.results) and not ns.sweep:
+        parser.error("--shard and --results are for --sweep")
+    try:
+        ns.shard = parse_shard(ns.shard) if ns.shard else None
+    except ValueError as e:
+        parser.error(str(e))
     check_release_options(parser, ns)
     return ns
 
@@ -301,6 +317,9 @@ def run(ns, out: TextIO, *, err: TextIO | None = None, index=None, make_cache=No
     ``make_cache(ns, out)``, ``run_tests`` (the pytest runner) and ``heartbeat`` are injectable: the
     project's tests drive the whole CLI on a fake index."""
     err = err or sys.stderr
+    if ns.merge is not None:
+        merged = sweeps.merge_files(ns.merge, out, err)
+        return EXIT_USAGE if merged is None else _sweep_end(*merged, out)
     ns.index = index
     try:
         releases = _list_releases(ns, out)
@@ -330,14 +349,16 @@ def run(ns, out: TextIO, *, err: TextIO | None = None, index=None, make_cache=No
     by_version = {r.version: r for r in releases}
 
     if ns.sweep:
-        reporter = TerminalReporter(out, total=len(versions), verbose=ns.verbose)
+        mine = share(versions, ns.shard) if ns.shard else versions
+        if ns.shard:
+            out.write(f"shard {ns.shard}: {', '.join(mine) or 'no release'}\n")
+        reporter = TerminalReporter(out, total=len(mine), verbose=ns.verbose)
         prober = ReleaseProber(cache, by_version, config, reporter=reporter, step=step, **extra_kw)
-        swept = search.sweep(versions, prober)
-        for ln in render_sweep(swept, ns.package):
-            out.write(ln + "\n")
-        if not swept.good and not swept.bad:
-            return EXIT_NOTHING_TESTABLE
-        return 1 if swept.bad else 0
+        swept = search.sweep(mine, prober)
+        if ns.results:  # for --merge
+            sweeps.SweptShard(ns.package, list(ns.pytest_args), base.torch_version or "", str(ns.shard or ""),
+                              versions, swept.probes).save(ns.results)
+        return _sweep_end(ns.package, swept, out)
 
     mode = search.direction(ns.good, ns.bad)
     out.write(f"{mode.value}: good {ns.good}, bad {ns.bad} -> looking for the {mode.label} release\n")
@@ -358,3 +379,12 @@ def run(ns, out: TextIO, *, err: TextIO | None = None, index=None, make_cache=No
     for ln in render_bisect(result, ns.package):
         out.write(ln + "\n")
     return EXIT_AMBIGUOUS if result.ambiguous else EXIT_FOUND
+
+
+def _sweep_end(package: str, swept: search.SweepResult, out: TextIO) -> int:
+    """The sweep's lines and its exit status (one machine's or merged shards')."""
+    for ln in render_sweep(swept, package):
+        out.write(ln + "\n")
+    if not swept.good and not swept.bad:
+        return EXIT_NOTHING_TESTABLE
+    return 1 if swept.bad else 0

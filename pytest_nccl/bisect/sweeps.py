@@ -1,0 +1,106 @@
+"""``bisect --sweep`` over a CI job matrix: ``--shard K/N --results FILE.json`` sweeps one job's share
+of the releases (the matrix's split: ``matrix/shards.py``) and writes its verdicts; ``--merge
+A.json B.json ...`` prints the sweep of them all, as one machine's sweep prints it, and exits as it
+would. Shards made for another package, other pytest arguments or another torch, and a release
+swept twice, are refused in one line. File reads and writes only: tested on data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence, TextIO
+
+from packaging.version import Version
+
+from .matrix.shards import MergeError
+from .search import Probe, SweepResult, Verdict
+
+SCHEMA = 1
+KIND = "sweep"
+
+
+@dataclass
+class SweptShard:
+    """One shard's sweep, as its results file holds it."""
+    package: str
+    pytest_args: list[str]
+    torch: str
+    shard: str                          # "K/N"
+    versions: list[str]                 # every release of the sweep, this shard's or not
+    probes: dict[str, Probe] = field(default_factory=dict)
+
+    def dumps(self) -> str:
+        probes = {v: {"verdict": p.verdict.value, "headline": p.headline, "install_seconds": p.install_seconds,
+                      "test_seconds": p.test_seconds} for v, p in self.probes.items()}
+        return json.dumps({"schema": SCHEMA, "kind": KIND, "package": self.package, "pytest_args": self.pytest_args,
+                           "torch": self.torch, "shard": self.shard, "versions": self.versions,
+                           "probes": probes}, indent=1, sort_keys=True) + "\n"
+
+    def save(self, path: str | os.PathLike) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(self.dumps())
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "SweptShard":
+        """The shard in ``path``; ValueError with the one line to say."""
+        try:
+            doc = json.loads(Path(path).read_text())
+        except OSError as e:
+            raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
+        except ValueError as e:
+            raise ValueError(f"cannot read {path}: not JSON: {e}") from None
+        if not isinstance(doc, dict) or doc.get("kind") != KIND or doc.get("schema") != SCHEMA:
+            raise ValueError(f"{path} is not a sweep's results file (bisect --sweep --shard K/N --results FILE)")
+        try:
+            probes = {str(v): Probe(Verdict(p["verdict"]), p.get("headline"), p.get("install_seconds"),
+                                    p.get("test_seconds")) for v, p in doc["probes"].items()}
+            return cls(str(doc["package"]), list(doc["pytest_args"]), str(doc.get("torch") or ""),
+                       str(doc.get("shard") or ""), [str(v) for v in doc["versions"]], probes)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"cannot read {path}: malformed sweep: {type(e).__name__}: {e}") from None
+
+
+def merge(parts: Sequence[tuple[str, SweptShard]]) -> tuple[SweepResult, list[str]]:
+    """The sweep of every shard's releases, and the releases no shard swept (a missing shard's)."""
+    if not parts:
+        raise MergeError("give the shards' results files after --merge")
+    first_name, first = parts[0]
+    for name, part in parts[1:]:
+        for what, mine, theirs in (("package", part.package, first.package),
+                                   ("pytest arguments", part.pytest_args, first.pytest_args),
+                                   ("torch", part.torch, first.torch)):
+            if mine != theirs:
+                shown = (lambda a: f"`pytest {shlex.join(a)}`") if what == "pytest arguments" else repr
+                raise MergeError(f"{name} was made for {what} {shown(mine)}, {first_name} for {shown(theirs)}: "
+                                 "shards of one sweep run the same")
+    probes: dict[str, Probe] = {}
+    where: dict[str, str] = {}
+    for name, part in parts:
+        for v, probe in part.probes.items():
+            if v in where:
+                raise MergeError(f"{v} is in both {where[v]} and {name}")
+            where[v], probes[v] = name, probe
+    every = sorted({v for _, part in parts for v in part.versions}, key=Version)
+    swept = [v for v in every if v in probes]
+    return SweepResult(versions=swept, probes=probes), [v for v in every if v not in probes]
+
+
+def merge_files(paths: Sequence[str], out: TextIO, err: TextIO) -> tuple[str, SweepResult] | None:
+    """(package, merged sweep) of the files, or None with one line on ``err``."""
+    try:
+        parts = [(p, SweptShard.load(p)) for p in paths]
+        result, unswept = merge(parts)
+    except ValueError as e:  # MergeError included
+        err.write(f"pytest-nccl bisect: {e}\n")
+        return None
+    if unswept:
+        err.write(f"pytest-nccl bisect: not swept (a shard missing): {', '.join(unswept)}\n")
+    out.write(f"merged {len(parts)} shard{'s' if len(parts) != 1 else ''}\n")
+    return parts[0][1].package, result
