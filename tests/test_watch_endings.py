@@ -27,7 +27,7 @@ REDUCE_LINE = SLEEP_LINE + 1
 REPORT_WITHIN = 6.0
 
 
-def launch(launcher: str, mode: str) -> list:
+def launch_of(launcher: str, mode: str) -> list:
     """The job under ``launcher``: torchrun, accelerate's (``accelerate launch``), or mp.spawn in it."""
     if launcher == "accelerate":
         return [os.path.join(os.path.dirname(sys.executable), "accelerate"), "launch", "--multi_gpu",
@@ -43,13 +43,14 @@ class Running:
     """``python -m pytest_nccl watch ... -- LAUNCHER endings_job.py MODE`` with its stderr read line by
     line as it comes (each line with the time it came)."""
 
-    def __init__(self, tmp_path: Path, mode: str, *watch_args: str, launcher: str = "torchrun"):
+    def __init__(self, tmp_path: Path, mode: str, *watch_args: str, launcher: str = "torchrun",
+                 launch: list | None = None, ready: Path | None = None):
         self.tag = uuid.uuid4().hex
-        self.ready = tmp_path / "ready"
+        self.ready = ready or tmp_path / "ready"
         self.summary = tmp_path / "summary.json"
         env = job_env(self.tag, ENDINGS_READY=str(self.ready))
         command = [sys.executable, "-m", "pytest_nccl", "watch", "--timeout", "300", *watch_args,
-                   "--json", str(self.summary), "--", *launch(launcher, mode)]
+                   "--json", str(self.summary), "--", *(launch or launch_of(launcher, mode))]
         self.proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.lines: list[tuple[float, str]] = []
@@ -109,6 +110,28 @@ def test_a_signal_to_the_watch_says_where_each_rank_was_then_ends_the_job(tmp_pa
     summary = json.loads(run.summary.read_text())
     assert summary["interrupted"] == sig.name and not summary["verdict"] and summary["exit_code"] == 128 + sig
     assert summary["ranks"] == [1], summary
+
+
+def test_slurms_sigterm_to_every_nodes_watch_gives_one_report_with_each_ranks_line(tmp_path):
+    """Two one-rank nodes (torchrun's static rendezvous), a watch each, both signalled at once as
+    Slurm's time limit does: the deciding watch asks the other node's rank too, and both print it."""
+    port = free_port()
+    nodes = []
+    for node in (0, 1):
+        (tmp_path / f"node{node}").mkdir()
+        launch = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}",
+                  "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}", str(JOB), "sleeps"]
+        nodes.append(Running(tmp_path / f"node{node}", "sleeps", launch=launch, ready=tmp_path / "ready"))
+    nodes[0].wait_ready()
+    sent = time.monotonic()
+    for run in nodes:
+        run.proc.send_signal(signal.SIGTERM)
+    for run in nodes:
+        assert run.end() == 128 + signal.SIGTERM, run.text
+        said = run.first("interrupted after ", after=sent)
+        assert said is not None and said - sent < REPORT_WITHIN + 5, run.text  # the other node's answers too
+        assert f"(SIGTERM): rank 1 is busy outside any collective at {JOB}:{SLEEP_LINE}: time.sleep(600), after " \
+               f"3 collectives in group default; rank 0 waits in all_reduce #4 of group default" in run.text, run.text
 
 
 def test_sigusr1_says_where_each_rank_is_and_the_healthy_job_goes_on_untouched(tmp_path):

@@ -258,15 +258,22 @@ class Engine:
         where each rank was; None when no rank is followed, the attempt concluded already, or every
         rank had ended clean."""
         monitor = self.monitor
-        if self.kept or self.attempt_done or monitor.referee is None or monitor.self_judged \
-                or monitor.follows_only:
+        if self.kept or self.attempt_done or monitor.referee is None or monitor.self_judged:
             return None
+        if monitor.follows_only:
+            # on several nodes the deciding watch (rank 0's node) says where every rank was; this
+            # one's relay answers it for its ranks meanwhile (Slurm signals every node at once)
+            deadline = time.monotonic() + TIMING.agree_wait
+            while time.monotonic() < deadline and monitor.follows_only:
+                if (elsewhere := monitor.decided_elsewhere()) is not None:
+                    return elsewhere if elsewhere.diagnosis is not None else None
+                time.sleep(TIMING.verdict_poll)
         now = time.monotonic()
         with monitor.lock:
             for f in list(monitor.ranks.values()):
                 monitor.read(f)
         monitor.finished(now)
-        finding = monitor.conclude(Reason.INTERRUPTED, now, interrupted=signal_name)
+        finding = monitor.agree(monitor.conclude(Reason.INTERRUPTED, now, interrupted=signal_name))
         return finding if finding.diagnosis is not None else None
 
     # -- once the launcher returned ---------------------------------------------------------------------
