@@ -247,7 +247,7 @@ class Watch:
             say(f"{PROG}: {line}")
         if not self.args.quiet and (finding is not None or side_group_missing):
             head = present.headline(finding) if finding is not None else peers_missing
-            say(present.recap(PROG, head, code, interrupted=finding is self.interrupted))
+            say(present.recap(PROG, head, code, interrupted=finding is not None and finding is self.interrupted))
         ci.verdict(finding, code, self.trace_files, self.args.github)  # GitHub Actions (--github)
         if self.args.json:
             text = present.summary(finding, exit_code=code,
