@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence, TextIO
 
 from packaging.version import Version
 
-from .matrix.shards import MergeError
+from .matrix.shards import MergeError, same_run
 from .search import Probe, SweepResult, Verdict
 
 SCHEMA = 1
@@ -71,15 +70,7 @@ def merge(parts: Sequence[tuple[str, SweptShard]]) -> tuple[SweepResult, list[st
     """The sweep of every shard's releases, and the releases no shard swept (a missing shard's)."""
     if not parts:
         raise MergeError("give the shards' results files after --merge")
-    first_name, first = parts[0]
-    for name, part in parts[1:]:
-        for what, mine, theirs in (("package", part.package, first.package),
-                                   ("pytest arguments", part.pytest_args, first.pytest_args),
-                                   ("torch", part.torch, first.torch)):
-            if mine != theirs:
-                shown = (lambda a: f"`pytest {shlex.join(a)}`") if what == "pytest arguments" else repr
-                raise MergeError(f"{name} was made for {what} {shown(mine)}, {first_name} for {shown(theirs)}: "
-                                 "shards of one sweep run the same")
+    same_run(parts, "sweep")
     probes: dict[str, Probe] = {}
     where: dict[str, str] = {}
     for name, part in parts:

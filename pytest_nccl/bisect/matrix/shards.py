@@ -18,7 +18,7 @@ import argparse
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence, TextIO
+from typing import Any, Callable, Mapping, Sequence, TextIO
 
 from .results import Results, ResultsError
 
@@ -94,10 +94,9 @@ class MergeError(ValueError):
     """Shards that cannot be one matrix: the one line to say."""
 
 
-def merge(parts: Sequence[tuple[str, Results]]) -> Results:
-    """One results file from the shards' (name, results), in the order given."""
-    if not parts:
-        raise MergeError("give the shards' results files after --merge")
+def same_run(parts: Sequence[tuple[str, Any]], run: str) -> None:
+    """Every shard (name, results) was made for the first one's package, pytest arguments and torch;
+    else ``MergeError`` naming the two that differ (``run``: "matrix", "sweep")."""
     first_name, first = parts[0]
     for name, part in parts[1:]:
         for what, mine, theirs in (("package", part.package, first.package),
@@ -106,7 +105,15 @@ def merge(parts: Sequence[tuple[str, Results]]) -> Results:
             if mine != theirs:
                 shown = (lambda a: f"`pytest {shlex.join(a)}`") if what == "pytest arguments" else repr
                 raise MergeError(f"{name} was made for {what} {shown(mine)}, {first_name} for {shown(theirs)}: "
-                                 "shards of one matrix run the same")
+                                 f"shards of one {run} run the same")
+
+
+def merge(parts: Sequence[tuple[str, Results]]) -> Results:
+    """One results file from the shards' (name, results), in the order given."""
+    if not parts:
+        raise MergeError("give the shards' results files after --merge")
+    first = parts[0][1]
+    same_run(parts, "matrix")
     merged = Results(first.package, list(first.pytest_args), command=unsharded(first.command),
                      python=first.python, torch=first.torch, as_of=first.as_of,
                      updated=max(p.updated for _, p in parts))
