@@ -1,8 +1,8 @@
 """A pytest session interrupted while a test's ranks hang says where each rank was, in that test's
 report, then stops as pytest does (interrupts.py, core/call.py): a marked test at world 4, a test
 written for torch's ``MultiProcessTestCase`` (adopted), and a test that starts ``torchrun`` itself
-(launched). Real signals to a real inner pytest; nothing it started is left. (World 2 and every
-signal: tests/test_lifecycle.py.)"""
+(launched), and at world 2 every ending signal. Real signals to a real inner pytest; nothing it
+started is left."""
 
 from __future__ import annotations
 
@@ -21,6 +21,19 @@ from watch_support import line_in
 REPO = Path(__file__).resolve().parents[1]
 ENDINGS_JOB = REPO / "tests" / "watch" / "endings_job.py"
 REPORT_WITHIN = 6.0  # seconds from the signal to pytest's end (the promise is 2 s; a loaded runner)
+
+WORLD_2 = """
+import time
+import pytest, torch
+import torch.distributed as dist
+
+@pytest.mark.nccl(world=2)
+def test_hangs(rank):
+    open(f"ready.{rank}", "w").close()
+    if rank == 0:
+        dist.all_reduce(torch.ones(1))
+    time.sleep(600)  # every rank
+"""
 
 MARKED = """
 import time
@@ -112,6 +125,20 @@ def interrupt(pytester, source: str, ready: int, sig: int = signal.SIGINT) -> tu
     assert_no_leftovers(tag, wait=10)
     assert not processes_with_tag(tag)
     return out.decode(errors="replace"), proc.returncode, took
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_an_interrupt_reports_where_each_rank_was_and_leaves_no_process(pytester, sig):
+    """Ctrl-C, SIGTERM or SIGHUP of pytest while ranks hang: the test's report says where each rank
+    was, pytest stops with the status it has without the plugin, and every rank and the fork server go
+    away."""
+    out, code, took = interrupt(pytester, WORLD_2, ready=2, sig=sig)
+    line = line_in(pytester.path / "test_inner.py", "# every rank")
+    assert f"({sig.name}): rank 1 is busy outside any collective at test_inner.py:{line}: time.sleep(600)" in out, out
+    assert f"; rank 0 waits in all_reduce #1 of group default from test_inner.py:{line - 1}" in out, out
+    assert f"Interrupted: {sig.name} while test_inner.py::test_hangs ran" in out, out
+    # Ctrl-C: pytest's status for an interrupted session; another signal: the process ends by it
+    assert code == (2 if sig == signal.SIGINT else -sig) and took < REPORT_WITHIN, (code, took, out)
 
 
 def test_ctrl_c_during_a_marked_test_at_world_4_names_each_rank(pytester):
