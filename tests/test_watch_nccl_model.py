@@ -4,9 +4,13 @@ completed is what the rank waits for at its sync point, in the watch's verdict a
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import torch
-from watch_support import JOBS, line_in, run_watch, torchrun, untouched, verdict_ok
+from watch_support import JOBS, Running, line_in, run_watch, torchrun, untouched, verdict_ok
 
 JOB = JOBS / "nccl_model_job.py"
 
@@ -47,3 +51,27 @@ def test_a_rank_blocked_at_its_sync_point_behind_a_long_kernel_is_named_at_the_b
     assert f"every rank is waiting for {at} and none completed within 8 s (--timeout) (every rank enqueued it" \
         in run.stderr, run.text
     assert f"rank 0: waits for {at} at {SYNC_JOB}:{line_in(SYNC_JOB, 'return t.item()')}" in run.stderr, run.text
+
+
+def test_the_rank_behind_a_long_kernel_is_named_when_asked_and_when_ctrl_c_ends_the_watch(tmp_path):
+    """Issue 45 on NCCL (on a GPU this job runs on real NCCL, else on the model): SIGUSR1 says the rank
+    waits for the enqueued all_reduce at its sync point, the job going on; Ctrl-C then says the same
+    as the report of an interrupted watch, before the job is ended."""
+    loss, sync = line_in(SYNC_JOB, "the step's loss"), line_in(SYNC_JOB, "return t.item()")
+    at = f"all_reduce #6 of group default from {SYNC_JOB}:{loss} (enqueued, not completed)"
+    run = Running(tmp_path, torchrun(str(SYNC_JOB), "stuck", nproc=1), env=JOB_ENV)
+    deadline = time.monotonic() + 90
+    asked = ""
+    while f"waits for {at}" not in asked:
+        assert run.proc.poll() is None and time.monotonic() < deadline, f"{asked}\n{run.text}"
+        time.sleep(1.0)
+        where = subprocess.run([sys.executable, "-m", "pytest_nccl", "where", str(run.proc.pid)],
+                               capture_output=True, text=True, timeout=30)
+        asked = where.stdout
+    assert f"rank 0: waits for {at} at {SYNC_JOB}:{sync}" in asked, asked
+    sent = time.monotonic()
+    run.proc.send_signal(signal.SIGINT)
+    assert run.end() == 128 + signal.SIGINT, run.text
+    said = run.first("interrupted after ", after=sent)
+    assert said is not None and said - sent < 6.0, run.text
+    assert f"(SIGINT): every rank is waiting for {at} and none completed within " in run.text, run.text

@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -123,3 +124,55 @@ def untouched(run: Watched, ranks: int = 2) -> None:
     s = run.summary
     assert s is not None and not s["verdict"] and s["exit_code"] == 0 == s["job_exit_code"], run.text
     assert len(s["watched"]) == ranks and all(n > 0 for n in s["watched"].values()), s
+
+
+class Running:
+    """``python -m pytest_nccl watch --timeout 300 ... -- LAUNCH...`` running, its stderr read line by
+    line as it comes (each line with the time it came), to be signalled (tests/test_watch_endings.py).
+    A job that touches ``$ENDINGS_READY.R`` once ready (R: its rank) is waited for by ``wait_ready``."""
+
+    def __init__(self, tmp_path: Path, launch: list, *watch_args: str, ready: Path | None = None,
+                 env: dict | None = None):
+        self.tag = uuid.uuid4().hex
+        self.ready = ready or tmp_path / "ready"
+        self.summary = tmp_path / "summary.json"
+        environ = job_env(self.tag, ENDINGS_READY=str(self.ready), **(env or {}))
+        command = [sys.executable, "-m", "pytest_nccl", "watch", "--timeout", "300", *watch_args,
+                   "--json", str(self.summary), "--", *launch]
+        self.proc = subprocess.Popen(command, cwd=tmp_path, env=environ, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.lines: list[tuple[float, str]] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for text in self.proc.stderr:
+            self.lines.append((time.monotonic(), text))
+
+    @property
+    def text(self) -> str:
+        return "".join(text for _, text in self.lines)
+
+    def wait_ready(self, ranks: int = 2, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not all(Path(f"{self.ready}.{r}").exists() for r in range(ranks)):
+            assert self.proc.poll() is None, f"the watch ended first:\n{self.text}"
+            assert time.monotonic() < deadline, f"the ranks never got ready:\n{self.text}"
+            time.sleep(0.1)
+        time.sleep(1.0)  # rank 0 into its 4th all_reduce, rank 1 into its sleep
+
+    def first(self, snippet: str, after: float = 0.0) -> float | None:
+        """When the first line holding ``snippet`` came (after ``after``), None if none did."""
+        return next((t for t, text in self.lines if snippet in text and t >= after), None)
+
+    def end(self, timeout: float = 60.0) -> int:
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            pytest.fail(f"the watch outlived its signal by {timeout} s:\n{self.text}")
+        self.reader.join(10)
+        assert_no_leftovers(self.tag, wait=15.0)
+        return code

@@ -26,9 +26,9 @@ from typing import Protocol
 
 from ...core.diagnosis.wording import rank_list
 from ...core.messages import AgentRequest
-from ...core.records import RankView
+from ...core.records import CollectiveRecord, RankView
 from ...core.reports import CallOutcome
-from ...core.states import Kind, Reason
+from ...core.states import Kind, Reason, RecordState
 from .. import jobdir
 from ..timing import TIMING
 from . import present
@@ -238,17 +238,18 @@ class Engine:
         return bool(waiting)
 
     # -- asked while the job runs, or as another hand ends it -------------------------------------------
-    def places(self) -> tuple[list[RankPlace], float]:
-        """Where each rank of the attempt followed is now, the job untouched (a rank outside any
-        collective: its stack asked of its agent); and the seconds since its first rank's group."""
+    def places(self, stacks: bool = True) -> tuple[list[RankPlace], float]:
+        """Where each rank of the attempt followed is now, the job untouched; and the seconds since its
+        first rank's group. ``stacks``: the stack of a rank outside any collective, or at its sync
+        point behind one in flight, is asked of its agent (its line)."""
         monitor = self.monitor
         with monitor.lock:
             for f in list(monitor.ranks.values()):
                 monitor.read(f)
         ranks = dict(monitor.ranks)
-        outside = [f for f in ranks.values() if f.state is None and not f.unseen
-                   and RankView(f.rank, records=f.records).current is None]
-        answers = monitor.ask_all(outside, AgentRequest.STACK) if outside else {}
+        placed = [f for f in ranks.values() if f.state is None and not f.unseen
+                  and _line_from_stack(RankView(f.rank, records=f.records).current)]
+        answers = monitor.ask_all(placed, AgentRequest.STACK) if stacks and placed else {}
         wall = time.time()
         places = [place_of(f, (answers.get(r) or {}).get("stack") or "", wall) for r, f in sorted(ranks.items())]
         return places, time.monotonic() - monitor.t0 if monitor.referee is not None else 0.0
@@ -319,3 +320,9 @@ class Engine:
             count = [n.split("-", 1)[0] for n in jobdir.listdir(self.dir)].count
             return f"{PROG}: {no_rank_line(count('torch'), members=count('member'))}"
         return None
+
+
+def _line_from_stack(pending: CollectiveRecord | None) -> bool:
+    """Where a rank is takes its stack: outside any collective, or at its sync point behind one whose
+    call returned before its work completed (NCCL)."""
+    return pending is None or pending.state == RecordState.IN_FLIGHT

@@ -150,7 +150,7 @@ class Watch:
             now = time.monotonic()
             if now >= next_progress:
                 next_progress = now + every
-                say(f"{PROG}: {where.progress_line(engine.places()[0], now - started)}")
+                say(f"{PROG}: {where.progress_line(engine.places(stacks=False)[0], now - started)}")
             if engine.tick(now):
                 return self._done(EXIT_DIAGNOSED, launcher.returncode)
             if code is not None:
