@@ -23,14 +23,15 @@ from .usage import EXIT_USAGE, Parser, UsageError, report
 
 EXIT_CODES = """exit status:
   0    done (bisect: found; sweep: no release bad; matrix: ran, red cells are results)
-  1    bisect: found but ambiguous (untested releases next to it); sweep: a release is bad
+  1    bisect: found but ambiguous (untested releases next to it); sweep: a release is bad;
+       where: no running watch found, or one did not answer
   2    usage error (any command)
   3    bisect: a bound does not behave as given; watch: a hang or desync diagnosed, job ended
   4    bisect, matrix: the release list could not be had; watch: diagnosed with --keep-running
   5    sweep: no release could be tested
   6    bisect, matrix: this interpreter cannot build release envs (torch not installed, or
        --installer uv without uv)
-  130  interrupted
+  130  interrupted (watch: 128+N for signal N, after saying where each rank was)
 watch exits with the job's own status when it reaches no verdict (docs/watch.md)."""
 COMMANDS = {
     "bisect": "find the first bad (or first fixed) release of PACKAGE for a pytest selection",
