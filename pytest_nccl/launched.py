@@ -43,8 +43,7 @@ if TYPE_CHECKING:
 from .budget import MIN_BOUND, Budget, pytest_timeout_of
 from .core.call import signal_of
 from .core.messages import LaunchedVerdict, Quit, TestCall, TestEnded, TestFollowed
-from .core.states import Reason
-from .interrupts import ENDING, PREVIOUS_HANDLER
+from .interrupts import ENDING, PREVIOUS_HANDLER, stop_message
 from .session import NcclSession, exception_class, item_budget, record_failure
 from .watch.jobdir import ENV_DIR
 
@@ -219,7 +218,9 @@ class Launched:
         verdict = self._answer(TestEnded(call.call, failed, until, interrupted))
         shutil.rmtree(call.call.directory, ignore_errors=True)
         if interrupted:  # where the test's ranks were, as the test's report; then pytest stops
-            if verdict is not None and getattr(verdict.finding, "reason", None) == Reason.INTERRUPTED:
+            if verdict is not None and verdict.finding is not None:
+                # also a verdict reached as the same Ctrl-C ended the ranks (a terminal's reaches them too)
+                item.session.shouldstop = stop_message(item.nodeid, interrupted)
                 self._raise(item, call, verdict, None)
             return
         if isinstance(exc, SystemExit) or not decide(verdict, own is not None):

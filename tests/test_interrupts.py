@@ -92,16 +92,19 @@ def test_torchrun(tmp_path):
 """
 
 
-def interrupt(pytester, source: str, ready: int, sig: int = signal.SIGINT) -> tuple[str, int, float]:
-    """Run ``source`` in an inner pytest, wait until ``ready`` ranks touched ``ready.R``, send ``sig``;
-    its output, exit status, and the seconds from the signal to its end."""
+def interrupt(pytester, source: str, ready: int, sig: int = signal.SIGINT,
+              group: bool = False) -> tuple[str, int, float]:
+    """Run ``source`` in an inner pytest, wait until ``ready`` ranks touched ``ready.R``, send ``sig``
+    (``group``: to its whole process group, as a terminal's Ctrl-C); its output, exit status, and the
+    seconds from the signal to its end."""
     pytester.makepyfile(test_inner=source)
     tag = uuid.uuid4().hex
     # not under this session's follower of the ranks tests start (launched.py): the inner one follows its own
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_NCCL_WATCH_DIR"}
     env.update(PYTEST_NCCL_TEST_TAG=tag, PYTHONFAULTHANDLER="1")
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_inner.py"],
-                            cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=group)
     try:
         deadline = time.monotonic() + 120
         while sum((pytester.path / f"ready.{r}").exists() for r in range(ready)) < ready:
@@ -111,7 +114,10 @@ def interrupt(pytester, source: str, ready: int, sig: int = signal.SIGINT) -> tu
             time.sleep(0.1)
         time.sleep(1.0)
         sent = time.monotonic()
-        proc.send_signal(sig)
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
         try:
             out, _ = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
@@ -167,3 +173,15 @@ def test_ctrl_c_during_a_test_that_runs_torchrun_itself_names_each_rank(pytester
            f"collectives in group default; rank 0 waits in all_reduce #4 of group default from " \
            f"{ENDINGS_JOB}:{reduce}" in out, out
     assert "Interrupted: SIGINT while test_inner.py::test_torchrun ran" in out, out
+
+
+def test_a_terminals_ctrl_c_that_reaches_the_tests_torchrun_too_still_says_where_each_rank_was(pytester):
+    """A terminal's Ctrl-C reaches the whole foreground process group: torchrun and its ranks get it as
+    pytest does, and end at once. What they left (rank 1's KeyboardInterrupt at its sleep, rank 0 in
+    the all_reduce) is the test's report all the same, and pytest stops."""
+    out, code, took = interrupt(pytester, LAUNCHED, ready=2, group=True)
+    assert code == 2 and took < REPORT_WITHIN, (code, took, out)
+    sleep = line_in(ENDINGS_JOB, "time.sleep(600)")
+    assert "rank 1 raised KeyboardInterrupt after 3 collectives in group default; rank 0 waits in all_reduce #4 " \
+           f"of group default from {ENDINGS_JOB}:{sleep + 1}" in out, out
+    assert f'line {sleep}, in run' in out and "Interrupted: SIGINT while test_inner.py::test_torchrun ran" in out, out

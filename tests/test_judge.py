@@ -193,3 +193,14 @@ def test_an_interrupted_call_outside_any_collective_is_not_said_to_exceed_a_boun
     outcome = judge(full, 2, Reason.INTERRUPTED, 60.0, Journals({}), elapsed=2.0, interrupted="SIGHUP")
     assert outcome.diagnosis.headline == ("interrupted after 2 s (SIGHUP): the test was outside any collective "
                                           "(ranks 0,1 at /w/t.py:3 (in f): time.sleep(60))")
+
+
+def test_ranks_the_same_ctrl_c_ended_keep_the_call_interrupted():
+    """Every rank finished, one by the KeyboardInterrupt a terminal's Ctrl-C gave it too: still an
+    interrupted call, its headline saying where that rank was."""
+    full = {0: RankReport(0, RankState.PASSED), 1: RankReport(1, RankState.FAILED, exc_type="KeyboardInterrupt",
+                                                              message="KeyboardInterrupt")}
+    journals = {0: [record(0, 1)], 1: [record(1, 1)]}
+    outcome = judge(full, 2, Reason.INTERRUPTED, 60.0, Journals(journals), elapsed=3.0, interrupted="SIGINT")
+    assert outcome.reason == Reason.INTERRUPTED and outcome.diagnosis.kind == Kind.RAISED
+    assert outcome.diagnosis.headline.startswith("interrupted after 3 s (SIGINT): rank 1 raised KeyboardInterrupt")

@@ -58,11 +58,14 @@ def judge(reports: dict[int, RankReport], world: int, reason: Reason, bound: flo
     not compared); ``words``: the headline names a test or a job; ``interrupted``: what ended the
     call first (``Reason.INTERRUPTED``: "SIGINT"), said before the headline."""
     full = {r: reports.get(r) or RankReport(r) for r in range(world)}
-    if reason in (Reason.DECIDED, Reason.INTERRUPTED) and all(rep.state.finished for rep in full.values()):
+    if all(rep.state.finished for rep in full.values()) and (
+            reason == Reason.DECIDED
+            or (reason == Reason.INTERRUPTED and all(rep.state in CLEAN_STATES for rep in full.values()))):
         # a rule decided (or another hand ended the call) on what it saw then (a rank of another node
         # looked gone, a late report), but by the time the reports were taken every rank had finished:
         # the call completed, and is judged as such (a clean one is clean, not a 'disagreement' among
-        # ranks that all passed)
+        # ranks that all passed). Ranks the same Ctrl-C ended (a terminal's reaches the whole process
+        # group) stay an interrupted call: their tracebacks say where each was
         reason = Reason.COMPLETED
     views = [full[r].view() for r in range(world)]
     records: dict | None = None
