@@ -48,6 +48,7 @@ from .outcome import (
     waited_for_peers,
 )
 from .present import PROG
+from .sidecalls import side_call_verdict
 from .where import RankPlace, place_of
 from .worlds import OtherWorlds
 
@@ -235,6 +236,12 @@ class Engine:
             if self.side_group_missing and not self.quiet:  # a verdict: as every verdict reads
                 self.front.say(present.banner(PROG, f"diagnosed ({Kind.RENDEZVOUS}, side group)"))
                 self.front.say(side_group_report(waiting, self.timeout))
+        elif (side := side_call_verdict(self.joining.directory, self.timeout)) is not None:  # vLLM's groups
+            self.peers_missing, self.side_group_missing = side.headline, True
+            if not self.quiet:
+                self.front.say(present.banner(PROG, "diagnosed (side group)"))
+                self.front.say(side.report)
+            return True
         return bool(waiting)
 
     # -- asked while the job runs, or as another hand ends it -------------------------------------------

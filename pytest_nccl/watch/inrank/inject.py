@@ -74,6 +74,9 @@ def after_torch() -> None:
         from . import sidegroups
         sidegroups.install(_note_joining, _unlink)
         _when_imported(ELASTIC_AGENT, _wrap_rendezvous)
+        from ...rank import trace_vllm  # vLLM's own groups (TRL's weight sync), once vLLM's modules ran
+        for name in trace_vllm.MODULES:
+            _when_imported(name, trace_vllm.install)
         from . import fold
         _when_imported(fold.SIGNAL_EXCEPTION, fold.install)  # torchrun's traceback of our SIGTERM
         os.makedirs(base, exist_ok=True)  # a test's directory is made by the first process that needs it

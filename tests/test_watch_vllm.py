@@ -1,0 +1,192 @@
+"""vLLM's own weight-sync groups under ``pytest-nccl watch`` (issue 46): TRL's GRPO server mode makes
+a ``StatelessProcessGroup`` (a TCPStore, outside c10d) and a ``PyNcclCommunicator`` over it; each
+update is ``broadcast(weights, src=rank)`` then ``group.barrier()``. The watch names a member that
+never connected, a call a member never entered, a store barrier that timed out, each with its line,
+within ``--timeout`` (+ 5 s) of the last step any member made; a healthy sync is untouched.
+
+- the rule, on data (``core.sidecalls.judge``);
+- real jobs (``tests/watch/vllm_sync_job.py``) at world 2 and 3 (the trainer and 1 or 2 server
+  workers): vLLM's real ``StatelessProcessGroup`` and the CPU stand-in of ``PyNcclCommunicator``
+  (``pytest_nccl.testing.pynccl_standin``), the trainer's lines as TRL writes them (``plain``) or
+  TRL's own ``VLLMClient`` (``trl``: TRL before its weight-transfer engine, 0.19.1 tested) against
+  an HTTP stand-in of ``trl vllm-serve``. Skipped without vLLM; the ``trl`` ones without such a TRL
+  (``PYTEST_NCCL_TRL_PATH``: a directory holding it, e.g. made with ``pip install --no-deps --target
+  DIR trl==0.19.1``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+from watch_support import JOBS, free_port, line_in, run_watch
+
+from pytest_nccl.core.sidecalls import CallState, SideCall, judge
+
+JOB = JOBS / "vllm_sync_job.py"
+TIMEOUT = 8
+STORE = "127.0.0.1:51216"
+
+
+def note(member, state=CallState.IDLE, seq=0, op="", since=100.0, world=3, store=STORE, **kw):
+    return SideCall(pid=10 + member, store=store, world=world, member=member, state=state.value, since=since,
+                    seq=seq, op=op, site=kw.pop("site", "trl/extras/vllm_client.py:282"),
+                    created_at="trl/extras/vllm_client.py:259", **kw)
+
+
+def test_members_that_never_connected_after_the_timeout():
+    notes = [note(0, CallState.CREATING), note(2, CallState.IN_CALL, 1, "broadcast_obj", since=101.0)]
+    assert judge(notes, 108.9, TIMEOUT) is None  # nothing moved for 7.9 s only
+    found = judge(notes, 109.0, TIMEOUT)
+    assert found is not None and found.headline == (
+        "2 of 3 members joined vLLM's weight-sync group at 127.0.0.1:51216; member 1 never connected (the "
+        "others waited 8 s, --timeout: 0: pid 10, 2: pid 12); created at trl/extras/vllm_client.py:259")
+    assert "  member 0 (pid 10): still in the group's creation at trl/extras/vllm_client.py:259" in found.report
+
+
+def test_a_broadcast_a_member_never_entered():
+    notes = [note(0, CallState.IN_CALL, 4, "broadcast", detail="[4] float32 src=2"),
+             note(1, CallState.IN_CALL, 4, "broadcast", detail="[4] float32 src=2"),
+             note(2, CallState.IN_CALL, 4, "barrier", site="train.py:9")]
+    found = judge(notes, 108.0, TIMEOUT)
+    assert found is not None and found.headline == (
+        "member 2 never entered broadcast #4 of vLLM's weight-sync group at 127.0.0.1:51216: member 2 is in "
+        "barrier #4 from train.py:9; members 0,1 waited 8 s (--timeout) with no progress in broadcast #4 [4] "
+        "float32 src=2 from trl/extras/vllm_client.py:282")
+
+
+def test_a_store_barrier_that_timed_out_is_a_verdict_at_once():
+    notes = [note(0, CallState.FAILED, 5, "barrier", error="RuntimeError: Barrier timed out after 30.00 seconds"),
+             note(1, CallState.IDLE, 4, "broadcast", site="job.py:3", world=2)]
+    notes[0].world = 2
+    found = judge(notes, 100.5, TIMEOUT)
+    assert found is not None and found.headline == (
+        "barrier #5 of vLLM's weight-sync group at 127.0.0.1:51216 failed on member 0: RuntimeError: Barrier "
+        "timed out after 30.00 seconds (from trl/extras/vllm_client.py:282); member 1 never entered it (1: "
+        "outside the group after broadcast #4 from job.py:3)")
+
+
+def test_a_root_past_its_broadcast_entered_it_and_healthy_groups_say_nothing():
+    """A root's broadcast returns before its receivers have the data: it is past it, not missing."""
+    slow = [note(0, CallState.IN_CALL, 4, "broadcast", world=2), note(1, CallState.IN_CALL, 5, "barrier", world=2)]
+    found = judge(slow, 200.0, TIMEOUT)
+    assert found is not None and found.headline.startswith("no member completed broadcast #4 of vLLM's"), found
+    idle = [note(m, CallState.IDLE, 5, "barrier") for m in range(3)]
+    assert judge(idle, 1e9, TIMEOUT) is None
+    # a server listening on every address and its client: one group (the port names the store)
+    split = [note(0, CallState.CREATING, store="0.0.0.0:51216", world=2)]
+    assert "member 1 never connected" in judge(split, 200.0, TIMEOUT).headline
+    assert "at 127.0.0.1:51216" in judge(split + [note(1, CallState.IN_CALL, 1, "broadcast_obj", world=2)],
+                                         200.0, TIMEOUT).headline
+    assert SideCall.decode({"world": "x"}) is None and SideCall.decode([]) is None
+    assert SideCall.decode(note(1).to_dict()) == note(1)
+
+
+# -- real jobs ------------------------------------------------------------------------------------------
+
+def _has(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+needs_vllm = pytest.mark.skipif(not _has("vllm"), reason="vLLM is not installed: pip install --no-deps "
+                                "vllm==0.33.0 pyzmq msgspec cloudpickle psutil")
+
+
+def trl_path() -> str | None:
+    """A directory whose TRL's client makes vLLM's group itself (``StatelessProcessGroup.create``)."""
+    named = os.environ.get("PYTEST_NCCL_TRL_PATH")
+    spec = importlib.util.find_spec("trl") if not named else None
+    roots = [named] if named else [os.path.dirname(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    for root in roots:
+        client = Path(root, "trl", "extras", "vllm_client.py")
+        if client.is_file() and "StatelessProcessGroup.create" in client.read_text():
+            return root
+    return None
+
+
+def watch_sync(tmp_path: Path, case: str, how: str, workers: int, timeout: float = TIMEOUT):
+    if how == "trl" and trl_path() is None:
+        pytest.skip("no TRL whose VLLMClient makes vLLM's group itself: set PYTEST_NCCL_TRL_PATH to a directory "
+                    "made with `pip install --no-deps --target DIR trl==0.19.1`")
+    extra = [str(free_port())] if how == "trl" else []
+    paths = [trl_path()] if how == "trl" else None
+    started = time.time()
+    run = run_watch(tmp_path, ["python", str(JOB), case, how, str(workers), str(free_port()), *extra],
+                    "--timeout", f"{timeout:g}", pythonpath=paths)
+    return run, started + run.elapsed
+
+
+def assert_verdict(run, ended_at: float, pattern: str, timeout: float = TIMEOUT) -> None:
+    assert run.code == 3, run.text
+    assert "pytest-nccl watch: diagnosed (side group) =====" in run.stderr, run.stderr
+    last = run.stderr.strip().splitlines()[-1]
+    assert re.match(r"pytest-nccl watch: verdict \(exit 3\): " + pattern, last), last
+    s = run.summary
+    assert s is not None and s["verdict"] and s["exit_code"] == 3 and s["ended_by_watch"], s
+    assert re.match(pattern, s["headline"]) and s["headline"] == s["peers_missing"], s
+    # decided within --timeout (+ 5 s) of the last step a member made
+    events = [float(line.split()[1]) for line in run.stdout.splitlines() if line.startswith("event ")]
+    assert events and ended_at - max(events) < timeout + 5, (ended_at - max(events), run.stdout)
+
+
+GROUP = r"vLLM's weight-sync group at 127\.0\.0\.1:\d+"
+SITE = re.escape(str(JOB))
+
+
+@needs_vllm
+@pytest.mark.parametrize("how,workers", [("plain", 2), ("trl", 1)])
+def test_a_worker_that_never_joins(tmp_path, how, workers):
+    run, ended_at = watch_sync(tmp_path, "never-joins", how, workers)
+    world, never = workers + 1, workers - 1
+    site = f"{SITE}:{line_in(JOB, 'pg = StatelessProcessGroup.create(host=host')}"
+    assert_verdict(run, ended_at, rf"{world - 1} of {world} members joined {GROUP}; member {never} never connected "
+                   rf"\(the others waited {TIMEOUT} s, --timeout: .*\); created at ")
+    if how == "plain":
+        assert re.search(rf"created at {site}\b", run.stderr), run.stderr
+    else:  # the group as TRL's client made it
+        assert re.search(r"created at \S*trl/extras/vllm_client\.py:\d+ <- ", run.stderr), run.stderr
+
+
+@needs_vllm
+@pytest.mark.parametrize("how,workers", [("plain", 1), ("trl", 2)])
+def test_a_broadcast_the_trainer_skipped(tmp_path, how, workers):
+    run, ended_at = watch_sync(tmp_path, "skip-broadcast", how, workers)
+    trainer = workers
+    members = "member 0" if workers == 1 else "members 0,1"
+    worker_site = f"{SITE}:{line_in(JOB, 'self.pynccl_comm.broadcast(weight, src=self.client_rank)')}"
+    barrier = f"{SITE}:{line_in(JOB, 'comm.group.barrier()  # BARRIER')}" if how == "plain" else \
+        f"{SITE}:{line_in(JOB, 'client.pynccl_comm.group.barrier()  # SKIPPED')}"
+    assert_verdict(run, ended_at, rf"member {trainer} never entered broadcast #4 of {GROUP}: member {trainer} is in "
+                   rf"barrier #4 from {barrier}; {members} waited {TIMEOUT} s \(--timeout\) with no progress in "
+                   rf"broadcast #4 \[4\] float32 src={trainer} from {worker_site}")
+
+
+@needs_vllm
+@pytest.mark.parametrize("how,workers", [("plain", 2), ("trl", 1)])
+def test_a_store_barrier_that_timed_out(tmp_path, how, workers):
+    """The store barrier's own bound (3 s here) ends before --timeout: the verdict at once."""
+    run, ended_at = watch_sync(tmp_path, "barrier-timeout", how, workers, timeout=30)
+    trainer = workers
+    barrier = f"{SITE}:{line_in(JOB, 'self.pynccl_comm.group.barrier(')}"
+    assert_verdict(run, ended_at, rf"barrier #5 of {GROUP} failed on member 0: RuntimeError: Barrier timed out "
+                   rf"after 3\.00 seconds \(from {barrier}\); member {trainer} never entered it \({trainer}: outside "
+                   rf"the group after broadcast #4 from ", timeout=3)
+
+
+@needs_vllm
+@pytest.mark.parametrize("how,workers", [("plain", 2), ("trl", 1)])
+def test_a_healthy_sync_is_untouched(tmp_path, how, workers):
+    run, _ = watch_sync(tmp_path, "good", how, workers)
+    assert run.code == 0, run.text
+    assert "=====" not in run.stderr and "never entered" not in run.stderr, run.stderr
+    assert "never connected" not in run.stderr and "failed on member" not in run.stderr, run.stderr
+    assert run.stdout.count(" got w1 [2.0, 2.0, 2.0, 2.0]") == workers and "synced" in run.stdout, run.text
+    s = run.summary
+    assert s is not None and not s["verdict"] and s["exit_code"] == 0 and not s["peers_missing"], s
