@@ -82,6 +82,12 @@ def test_a_root_past_its_broadcast_entered_it_and_healthy_groups_say_nothing():
     assert "member 1 never connected" in judge(split, 200.0, TIMEOUT).headline
     assert "at 127.0.0.1:51216" in judge(split + [note(1, CallState.IN_CALL, 1, "broadcast_obj", world=2)],
                                          200.0, TIMEOUT).headline
+    # the server's workers under another watch: the trainer's watch does not call them absent
+    trainer = [note(2, CallState.IN_CALL, 5, "barrier", since=100.0)]
+    assert judge(trainer, 107.0, TIMEOUT) is None
+    assert judge(trainer, 108.0, TIMEOUT).headline.startswith(
+        "members 0,1 never entered barrier #5 of vLLM's weight-sync group at 127.0.0.1:51216: members 0,1 not seen "
+        "by this watch (a process of another command or node); member 2 waited 8 s (--timeout)")
     assert SideCall.decode({"world": "x"}) is None and SideCall.decode([]) is None
     assert SideCall.decode(note(1).to_dict()) == note(1)
 

@@ -30,6 +30,8 @@ Watch: files in the job's directory and each rank's agent socket (``watch/jobdir
     rank-<R>.json        ``watch.jobdir`` rank info (JSON): pid, host, world, backend
     exit-<R>.json        the rank's ``RankReport`` (JSON form), written at exit
     agent socket         one ``AgentRequest`` word per connection, answered with one JSON object
+    sidecall-<PID>-<N>.json  ``core.sidecalls.SideCall`` (JSON): a member of a group outside c10d
+                         (vLLM's ``StatelessProcessGroup``, PyNccl), where it is in it
 
 Ranks a test starts itself: a socketpair, pickled (``launched.py`` <-> ``watch/frontends/intest.py``, the
 session's helper process, which follows each test's directory as the watch follows a job's)

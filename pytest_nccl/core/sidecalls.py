@@ -24,6 +24,9 @@ class CallState(enum.Enum):
 
 
 LIBRARY = "vLLM's weight-sync group"  # how a headline names the group (with its store)
+# a member this watch has no note of, once the group was made: it connected, elsewhere (the other
+# command of a trainer and a server each under its own watch); said, never taken as absent
+UNSEEN = "not seen by this watch (a process of another command or node)"
 WILDCARDS = ("0.0.0.0:", "[::]:", ":")  # a server's listening address (TRL's workers): not the group's name
 
 
@@ -137,7 +140,7 @@ def _judge_group(group: str, world: int, notes: list, now: float, timeout: float
         absent = [m for m in range(world) if m not in {n.member for n in notes}]
         outside = f"; {_members([n.member for n in missing] + absent)} never entered it (" + "; ".join(
             [f"{n.member}: {_place(n, alive.get(n.pid, True))}" for n in missing] +
-            [f"{m}: never connected" for m in absent]) + ")" if missing or absent else ""
+            [f"{m}: {UNSEEN}" for m in absent]) + ")" if missing or absent else ""
         head = (f"{_call(failed)} of {group} failed on member {failed.member}: {failed.error}"
                 f"{f' (from {failed.site})' if failed.site else ''}{outside}")
         return _report(head, group, notes, alive)
@@ -146,7 +149,8 @@ def _judge_group(group: str, world: int, notes: list, now: float, timeout: float
     if not waiting or quiet < timeout:
         return None
     present = {n.member for n in notes}
-    if len(present) < world:
+    absent = [m for m in range(world) if m not in present]
+    if absent and any(n.where == CallState.CREATING for n in notes):
         never = [m for m in range(world) if m not in present]
         created = next((n.created_at for n in notes if n.created_at), "")
         pids = ", ".join(f"{n.member}: pid {n.pid}" for n in notes[:8])
@@ -158,11 +162,13 @@ def _judge_group(group: str, world: int, notes: list, now: float, timeout: float
         return None  # every member present, some still creating: the store is only slow
     inside = [n for n in notes if n.where == CallState.IN_CALL and (n.seq, n.op) == (first.seq, first.op)]
     missing = [n for n in notes if not _entered(n, first)]
+    unseen = f"{'; ' if missing else ''}{_members(absent)} {UNSEEN}" if absent else ""
     wait = (f"{_members([n.member for n in inside])} waited {timeout:g} s (--timeout) with no progress in "
             f"{_call(first)}{' ' + first.detail if first.detail else ''}{f' from {first.site}' if first.site else ''}")
-    if missing:
-        places = "; ".join(f"member {n.member} is {_place(n, alive.get(n.pid, True))}" for n in missing)
-        head = f"{_members([n.member for n in missing])} never entered {_call(first)} of {group}: {places}; {wait}"
+    if missing or absent:
+        places = "; ".join(f"member {n.member} is {_place(n, alive.get(n.pid, True))}" for n in missing) + unseen
+        who = [n.member for n in missing] + absent
+        head = f"{_members(who)} never entered {_call(first)} of {group}: {places}; {wait}"
     else:
         head = f"no member completed {_call(first)} of {group}: {wait}"
     return _report(head, group, notes, alive)

@@ -14,6 +14,8 @@ first, ``restart-N/`` for torchrun's N-th restart), per process PID and rank R:
                      or in a side group's creation (``what`` "group": its name and store too)
     joinfailed-PID.json  PID's ``init_process_group`` raised: its joining note with ``error``
     member-PID       empty: PID created a side group (a group outside ``init_process_group``)
+    sidecall-PID-N.json  PID's note of its N-th vLLM group (``core.sidecalls.SideCall``): where
+                     it is in the group (``rank/trace_vllm.py``)
 
     journal-R.txt    the tracer's journal (journal.py), from the moment the default group exists;
                      rotated to journal-R.txt.1 past ``segment_bytes()`` (the last segment is kept)
