@@ -85,9 +85,10 @@ def test_a_root_past_its_broadcast_entered_it_and_healthy_groups_say_nothing():
     # the server's workers under another watch: the trainer's watch does not call them absent
     trainer = [note(2, CallState.IN_CALL, 5, "barrier", since=100.0)]
     assert judge(trainer, 107.0, TIMEOUT) is None
-    assert judge(trainer, 108.0, TIMEOUT).headline.startswith(
-        "members 0,1 never entered barrier #5 of vLLM's weight-sync group at 127.0.0.1:51216: members 0,1 not seen "
-        "by this watch (a process of another command or node); member 2 waited 8 s (--timeout)")
+    assert judge(trainer, 108.0, TIMEOUT).headline == (
+        "member 2 waited 8 s (--timeout) with no progress in barrier #5 of vLLM's weight-sync group at "
+        "127.0.0.1:51216 from trl/extras/vllm_client.py:282; members 0,1 are not seen by this watch (a process of "
+        "another command or node)")
     assert SideCall.decode({"world": "x"}) is None and SideCall.decode([]) is None
     assert SideCall.decode(note(1).to_dict()) == note(1)
 
@@ -196,3 +197,48 @@ def test_a_healthy_sync_is_untouched(tmp_path, how, workers):
     assert run.stdout.count(" got w1 [2.0, 2.0, 2.0, 2.0]") == workers and "synced" in run.stdout, run.text
     s = run.summary
     assert s is not None and not s["verdict"] and s["exit_code"] == 0 and not s["peers_missing"], s
+
+
+def watch_two_commands(tmp_path: Path, case: str, workers: int = 1):
+    """``trl vllm-serve``'s stand-in under one watch, TRL's trainer under another, at once."""
+    import threading
+
+    if trl_path() is None:
+        pytest.skip("no TRL whose VLLMClient makes vLLM's group itself: set PYTEST_NCCL_TRL_PATH to a directory "
+                    "made with `pip install --no-deps --target DIR trl==0.19.1`")
+    ports = [str(free_port()), str(free_port())]
+    runs: dict = {}
+
+    def one(how: str, paths) -> None:
+        where = tmp_path / how
+        where.mkdir()
+        started = time.time()
+        run = run_watch(where, ["python", str(JOB), case, how, str(workers), *ports], "--timeout", f"{TIMEOUT:g}",
+                        pythonpath=paths)
+        runs[how] = (run, started + run.elapsed)
+
+    threads = [threading.Thread(target=one, args=("trl-server", None)),
+               threading.Thread(target=one, args=("trl-trainer", [trl_path()]))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return runs["trl-server"], runs["trl-trainer"]
+
+
+@needs_vllm
+def test_two_commands_each_under_its_own_watch_healthy_are_untouched(tmp_path):
+    for run, _ in watch_two_commands(tmp_path, "good"):
+        assert run.code == 0 and "=====" not in run.stderr and "synced" in run.stdout, run.text
+
+
+@needs_vllm
+def test_two_commands_each_under_its_own_watch_name_their_members_and_not_the_others(tmp_path):
+    (server, server_end), (trainer, trainer_end) = watch_two_commands(tmp_path, "skip-broadcast")
+    unseen = r"is not seen by this watch \(a process of another command or node\)"
+    # the server's watch sees the workers only: their store as they name it, listening on every address
+    anywhere = r"vLLM's weight-sync group at 0\.0\.0\.0:\d+"
+    assert_verdict(server, server_end, rf"member 0 waited {TIMEOUT} s \(--timeout\) with no progress in broadcast "
+                   rf"#4 of {anywhere} \[4\] float32 src=1 from {SITE}:\d+; member 1 {unseen}")
+    assert_verdict(trainer, trainer_end, rf"member 1 waited {TIMEOUT} s \(--timeout\) with no progress in barrier "
+                   rf"#4 of {GROUP} from {SITE}:\d+; member 0 {unseen}")

@@ -162,15 +162,18 @@ def _judge_group(group: str, world: int, notes: list, now: float, timeout: float
         return None  # every member present, some still creating: the store is only slow
     inside = [n for n in notes if n.where == CallState.IN_CALL and (n.seq, n.op) == (first.seq, first.op)]
     missing = [n for n in notes if not _entered(n, first)]
-    unseen = f"{'; ' if missing else ''}{_members(absent)} {UNSEEN}" if absent else ""
+    unseen = f"; {_members(absent)} {'are' if len(absent) > 1 else 'is'} {UNSEEN}" if absent else ""
     wait = (f"{_members([n.member for n in inside])} waited {timeout:g} s (--timeout) with no progress in "
             f"{_call(first)}{' ' + first.detail if first.detail else ''}{f' from {first.site}' if first.site else ''}")
-    if missing or absent:
-        places = "; ".join(f"member {n.member} is {_place(n, alive.get(n.pid, True))}" for n in missing) + unseen
-        who = [n.member for n in missing] + absent
-        head = f"{_members(who)} never entered {_call(first)} of {group}: {places}; {wait}"
+    if missing:
+        places = "; ".join(f"member {n.member} is {_place(n, alive.get(n.pid, True))}" for n in missing)
+        head = f"{_members([n.member for n in missing])} never entered {_call(first)} of {group}: {places}; {wait}"
+    elif absent:  # the others are followed elsewhere: where they are is not known here
+        head = f"{wait.replace(_call(first), f'{_call(first)} of {group}', 1)}{unseen}"
+        unseen = ""
     else:
         head = f"no member completed {_call(first)} of {group}: {wait}"
+    head += unseen
     return _report(head, group, notes, alive)
 
 

@@ -10,6 +10,8 @@ as in TRL) and the server's workers (``multiprocessing`` children, members 0..N-
   its routes (``/health/``, ``/get_world_size/``, ``/init_communicator/``, ``/update_named_param/``,
   ``/close_communicator/``) and its workers' ``WeightSyncWorkerExtension`` copied from TRL's
   ``trl/scripts/vllm_serve.py``. HOW ``plain``: the trainer makes the same calls itself (TRL's lines).
+- HOW ``trl-server`` and ``trl-trainer``: the two commands a user runs (``trl vllm-serve`` and the
+  training script), each started on its own (under its own watch).
 - CASE ``good``; ``never-joins`` (the last worker never joins the group); ``skip-broadcast`` (the
   trainer posts an update and goes to the barrier without broadcasting: the workers wait in it);
   ``barrier-timeout`` (the trainer never reaches the barrier after its second broadcast; the
@@ -81,8 +83,9 @@ def worker(rank: int, case: str, workers: int, conn) -> None:
         getattr(extension, method)(*args)
 
 
-def serve(connections: list, workers: int, http_port: int) -> ThreadingHTTPServer:
-    """The routes of ``trl vllm-serve`` the client's weight sync calls, fire-and-forget to every worker."""
+def serve(connections: list, workers: int, http_port: int, closed: threading.Event) -> ThreadingHTTPServer:
+    """The routes of ``trl vllm-serve`` the client's weight sync calls, fire-and-forget to every worker
+    (``closed`` set once the client closed the group)."""
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):
@@ -112,6 +115,7 @@ def serve(connections: list, workers: int, http_port: int) -> ThreadingHTTPServe
                 send(("update_named_param", (request["name"], request["dtype"], tuple(request["shape"]))))
             elif self.path == "/close_communicator/":
                 send(("close_communicator", ()))
+                closed.set()
             else:
                 return self.send_error(404)
             self._answer({"message": "Request received"})
@@ -185,6 +189,10 @@ def plain_trainer(case: str, connections: list, workers: int, group_port: int) -
 
 def main() -> int:
     case, how, workers, group_port = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    if how == "trl-trainer":  # the trainer alone: the server is another command
+        trl_client(case, int(sys.argv[5]), group_port)
+        print("synced", flush=True)
+        return 0
     ctx = multiprocessing.get_context("spawn")
     pipes = [ctx.Pipe() for _ in range(workers)]
     procs = [ctx.Process(target=worker, args=(r, case, workers, pipes[r][1])) for r in range(workers)]
@@ -192,11 +200,13 @@ def main() -> int:
         p.start()
     connections = [pipe[0] for pipe in pipes]
     print(f"trainer waits from {time.time()}", flush=True)
-    if how == "trl":
-        from pytest_nccl.testing import pynccl_standin  # noqa: F401  (the stand-in's import in the trainer too)
-
-        server = serve(connections, workers, int(sys.argv[5]))
-        trl_client(case, int(sys.argv[5]), group_port)
+    if how in ("trl", "trl-server"):
+        closed = threading.Event()
+        server = serve(connections, workers, int(sys.argv[5]), closed)
+        if how == "trl":
+            trl_client(case, int(sys.argv[5]), group_port)
+        else:  # the server alone (``trl vllm-serve``'s part): until the client closed the group
+            closed.wait(300)
         server.shutdown()
     else:
         plain_trainer(case, connections, workers, group_port)
