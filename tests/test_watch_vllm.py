@@ -242,3 +242,33 @@ def test_two_commands_each_under_its_own_watch_name_their_members_and_not_the_ot
                    rf"#4 of {anywhere} \[4\] float32 src=1 from {SITE}:\d+; member 1 {unseen}")
     assert_verdict(trainer, trainer_end, rf"member 1 waited {TIMEOUT} s \(--timeout\) with no progress in barrier "
                    rf"#4 of {GROUP} from {SITE}:\d+; member 0 {unseen}")
+
+
+@needs_vllm
+def test_vllms_own_classes_are_wrapped_once_their_modules_ran_and_untouched_unwatched():
+    """vLLM's real ``PyNcclCommunicator`` (NCCL: not run here) and ``StatelessProcessGroup`` get the
+    wrappers the hook puts in place; outside a watch the group's calls pass through."""
+    import subprocess
+    import sys
+
+    code = """
+import importlib, os, torch
+from pytest_nccl.rank import trace_vllm
+os.environ.pop("PYTEST_NCCL_WATCH_DIR", None)
+for name in trace_vllm.MODULES:
+    trace_vllm.install(importlib.import_module(name))
+    trace_vllm.install(importlib.import_module(name))  # twice: wrapped once
+from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator as C
+from vllm.distributed.utils import StatelessProcessGroup as G
+assert all(getattr(vars(C)[op], trace_vllm.WRAPPED, False) for op in trace_vllm.COMM_OPS)
+assert all(getattr(vars(G)[op], trace_vllm.WRAPPED, False) for op in trace_vllm.GROUP_OPS)
+assert not getattr(getattr(vars(C)["broadcast"], "__wrapped__"), trace_vllm.WRAPPED, False)
+from pytest_nccl.testing.pynccl_standin import PyNcclCommunicator as S
+pg = G.create("127.0.0.1", int(os.environ["PORT"]), 0, 1)
+t = torch.ones(2); S(pg).broadcast(t, src=0); pg.barrier()
+print("ok", pg.all_gather_obj(3))
+"""
+    env = {**os.environ, "PORT": str(free_port())}
+    env.pop("PYTEST_NCCL_WATCH_DIR", None)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "ok [3]", done.stdout + done.stderr
