@@ -23,6 +23,9 @@ class CallState(enum.Enum):
     FAILED = "failed"        # call ``seq`` raised ``error`` (a store barrier's own timeout)
 
 
+# seconds a member's raised call stays its last word before it is a verdict: code that catches the
+# error and calls the group again (a retry) is no failure (the referee's grace for a rank that raised)
+FAILED_GRACE = 1.0
 LIBRARY = "vLLM's weight-sync group"  # how a headline names the group (with its store)
 # a member this watch has no note of, once the group was made: it connected, elsewhere (the other
 # command of a trainer and a server each under its own watch); said, never taken as absent
@@ -115,7 +118,8 @@ def _report(headline: str, group: str, notes: list, alive: dict) -> SideVerdict:
 
 def judge(notes: list, now: float, timeout: float, alive: dict | None = None) -> SideVerdict | None:
     """The first verdict of any group in ``notes`` (``now``: wall clock; ``alive``: pid -> its process
-    still runs). Per group, in order: a member's call raised (its store barrier timed out: at once);
+    still runs). Per group, in order: a member's call raised (its store barrier timed out: once it
+    made no other call for ``FAILED_GRACE``, or its process ended);
     members that never connected; a call some member never entered, or that no member completed,
     once nothing moved in the group for ``timeout`` seconds. None: keep waiting."""
     alive = alive or {}
@@ -134,7 +138,8 @@ def judge(notes: list, now: float, timeout: float, alive: dict | None = None) ->
 
 
 def _judge_group(group: str, world: int, notes: list, now: float, timeout: float, alive: dict):
-    failed = next((n for n in notes if n.where == CallState.FAILED), None)
+    failed = next((n for n in notes if n.where == CallState.FAILED
+                   and (now - n.since >= FAILED_GRACE or not alive.get(n.pid, True))), None)
     if failed is not None:
         missing = [n for n in notes if n is not failed and not _entered(n, failed)]
         absent = [m for m in range(world) if m not in {n.member for n in notes}]
