@@ -104,8 +104,20 @@ def _has(module: str) -> bool:
         return False
 
 
-needs_vllm = pytest.mark.skipif(not _has("vllm"), reason="vLLM is not installed: pip install --no-deps "
-                                "vllm==0.33.0 pyzmq msgspec cloudpickle psutil")
+def vllm_paths() -> list[str] | None:
+    """Where vLLM comes from for the jobs: ``PYTEST_NCCL_VLLM_PATH``, a directory made with ``pip install
+    --no-deps --target DIR vllm==0.33.0 pyzmq msgspec cloudpickle psutil`` (vLLM installed without its
+    dependencies into the test environment itself would make TRL's GRPO trainer, which imports vLLM
+    whenever it finds it, fail to import); else the environment's own ([]); None: nowhere."""
+    named = os.environ.get("PYTEST_NCCL_VLLM_PATH")
+    if named:
+        return [named] if Path(named, "vllm", "__init__.py").is_file() else None
+    return [] if _has("vllm") else None
+
+
+needs_vllm = pytest.mark.skipif(vllm_paths() is None, reason="vLLM is not installed: pip install --no-deps "
+                                "--target DIR vllm==0.33.0 pyzmq msgspec cloudpickle psutil, and set "
+                                "PYTEST_NCCL_VLLM_PATH=DIR")
 
 
 def trl_path() -> str | None:
@@ -125,7 +137,7 @@ def watch_sync(tmp_path: Path, case: str, how: str, workers: int, timeout: float
         pytest.skip("no TRL whose VLLMClient makes vLLM's group itself: set PYTEST_NCCL_TRL_PATH to a directory "
                     "made with `pip install --no-deps --target DIR trl==0.19.1`")
     extra = [str(free_port())] if how == "trl" else []
-    paths = [trl_path()] if how == "trl" else None
+    paths = [*(vllm_paths() or []), *([trl_path()] if how == "trl" else [])]
     started = time.time()
     run = run_watch(tmp_path, ["python", str(JOB), case, how, str(workers), str(free_port()), *extra],
                     "--timeout", f"{timeout:g}", pythonpath=paths)
@@ -219,8 +231,8 @@ def watch_two_commands(tmp_path: Path, case: str, workers: int = 1):
                         pythonpath=paths)
         runs[how] = (run, started + run.elapsed)
 
-    threads = [threading.Thread(target=one, args=("trl-server", None)),
-               threading.Thread(target=one, args=("trl-trainer", [trl_path()]))]
+    threads = [threading.Thread(target=one, args=("trl-server", vllm_paths())),
+               threading.Thread(target=one, args=("trl-trainer", [*(vllm_paths() or []), trl_path()]))]
     for t in threads:
         t.start()
     for t in threads:
@@ -272,5 +284,6 @@ print("ok", pg.all_gather_obj(3))
 """
     env = {**os.environ, "PORT": str(free_port())}
     env.pop("PYTEST_NCCL_WATCH_DIR", None)
+    env["PYTHONPATH"] = os.pathsep.join([*(vllm_paths() or []), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0 and done.stdout.strip() == "ok [3]", done.stdout + done.stderr
