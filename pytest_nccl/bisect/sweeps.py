@@ -15,6 +15,7 @@ from typing import Sequence, TextIO
 
 from packaging.version import Version
 
+from .matrix.results import save_atomically
 from .matrix.shards import MergeError, same_run
 from .search import Probe, SweepResult, Verdict
 
@@ -40,11 +41,7 @@ class SweptShard:
                            "probes": probes}, indent=1, sort_keys=True) + "\n"
 
     def save(self, path: str | os.PathLike) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(self.dumps())
-        os.replace(tmp, path)
+        save_atomically(path, self.dumps())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "SweptShard":

@@ -185,12 +185,7 @@ class Results:
         return res
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write atomically (an interrupted save leaves the previous file)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(self.dumps())
-        os.replace(tmp, path)
+        save_atomically(path, self.dumps())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Results":
@@ -293,3 +288,12 @@ def row_labels(nodeids: Sequence[str]) -> dict[str, str]:
                 for n in group:
                     out[n] = fallback(n)
     return out
+
+
+def save_atomically(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all (an interrupted save leaves the previous file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
