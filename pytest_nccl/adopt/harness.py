@@ -38,11 +38,15 @@ class Takeover:
         if self.saved:
             return
         module = sys.modules[HARNESS_MODULE]
-        process, continuous = module.MultiProcessTestCase, module.MultiProcContinuousTest
+        self._take_process(module.MultiProcessTestCase)
+        # torch's continuous harness is newer than the oldest torch supported (2.6 has none)
+        continuous = getattr(module, "MultiProcContinuousTest", None)
+        if continuous is not None and all(n in vars(continuous) for n in ("_spawn_processes", "_worker_run_main_wait")):
+            self._take_continuous(continuous)
+
+    def _take_process(self, process: type) -> None:
         adopter = self.adopter
         start, join = vars(process)["_start_processes"], vars(process)["_join_processes"]
-        spawn = vars(continuous)["_spawn_processes"].__func__
-        main_wait = vars(continuous)["_worker_run_main_wait"]
 
         @functools.wraps(start)
         def _start_processes(self, proc):
@@ -57,6 +61,14 @@ class Takeover:
             if not adopter.owns(self) or not adopter.process_ranks_pending(self):
                 return join(self, fn)  # not ours, or ranks that something else started
             return adopter.run_process_test(self, fn)
+
+        self._replace(process, "_start_processes", _start_processes)
+        self._replace(process, "_join_processes", _join_processes)
+
+    def _take_continuous(self, continuous: type) -> None:
+        adopter = self.adopter
+        spawn = vars(continuous)["_spawn_processes"].__func__
+        main_wait = vars(continuous)["_worker_run_main_wait"]
 
         @functools.wraps(spawn)
         def _spawn_processes(cls, world_size):
@@ -77,8 +89,6 @@ class Takeover:
 
             return types.MethodType(wrapper, self)
 
-        self._replace(process, "_start_processes", _start_processes)
-        self._replace(process, "_join_processes", _join_processes)
         self._replace(continuous, "_spawn_processes", classmethod(_spawn_processes))
         self._replace(continuous, "_worker_run_main_wait", _worker_run_main_wait)
 
