@@ -5,6 +5,7 @@ Real signals to real processes: the watch, torchrun, its ranks."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -26,6 +27,8 @@ REPORT_WITHIN = 6.0
 
 def launch_of(launcher: str, mode: str) -> list:
     """The job under ``launcher``: torchrun, accelerate's (``accelerate launch``), or mp.spawn in it."""
+    if launcher in ("accelerate", "ray") and importlib.util.find_spec(launcher) is None:
+        pytest.skip(f"{launcher} is not installed")
     if launcher == "accelerate":
         return [os.path.join(os.path.dirname(sys.executable), "accelerate"), "launch", "--multi_gpu",
                 "--num_processes", "2", "--main_process_port", str(free_port()), str(JOB), mode]
