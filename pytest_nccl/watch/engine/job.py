@@ -250,9 +250,7 @@ class Engine:
         first rank's group. ``stacks``: the stack of a rank outside any collective, or at its sync
         point behind one in flight, is asked of its agent (its line)."""
         monitor = self.monitor
-        with monitor.lock:
-            for f in list(monitor.ranks.values()):
-                monitor.read(f)
+        monitor.read_all()
         ranks = dict(monitor.ranks)
         placed = [f for f in ranks.values() if f.state is None and not f.unseen
                   and _line_from_stack(RankView(f.rank, records=f.records).current)]
@@ -277,9 +275,7 @@ class Engine:
                     return elsewhere if elsewhere.diagnosis is not None else None
                 time.sleep(TIMING.verdict_poll)
         now = time.monotonic()
-        with monitor.lock:
-            for f in list(monitor.ranks.values()):
-                monitor.read(f)
+        monitor.read_all()
         monitor.finished(now)
         finding = monitor.agree(monitor.conclude(Reason.INTERRUPTED, now, interrupted=signal_name))
         return finding if finding.diagnosis is not None else None

@@ -94,8 +94,7 @@ class Monitor:
         if self.referee is None or self.self_judged:
             return None
         with self.lock:
-            for f in list(self.ranks.values()):
-                self.read(f)
+            self.read_all()
             if self.nodes is not None and self.nodes.decides:
                 self.across.summaries(self.nodes)
             self._ranks_elsewhere()
@@ -210,6 +209,12 @@ class Monitor:
     def read(self, f: Followed) -> None:
         with self.lock:
             self.window.read(f)
+
+    def read_all(self) -> None:
+        """What every followed rank's journal gained, into the window."""
+        with self.lock:
+            for f in list(self.ranks.values()):
+                self.read(f)
 
     def finished(self, now: float) -> None:
         # another node's ranks that ended: what they did before, before they count as ended
