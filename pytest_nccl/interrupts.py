@@ -31,15 +31,17 @@ class Endings:
         self.pid = os.getpid()
         self.got: int | None = None            # the first ending signal
         self.previous: dict[int, object] = {}
+        self.installed: dict[int, object] = {}
 
     def install(self) -> None:
         for sig in ENDING:
             try:
                 self.previous[sig] = signal.getsignal(sig)
-                handler = self._handler(sig)
+                handler = self.installed[sig] = self._handler(sig)
                 signal.signal(sig, handler)
             except (ValueError, OSError):  # not the main thread: pytest's defaults stay
                 self.previous.pop(sig, None)
+                self.installed.pop(sig, None)
 
     def _handler(self, sig: int):
         def on_signal(signum, frame):
@@ -73,13 +75,15 @@ class Endings:
     def session_ended(self) -> None:
         """At the session's very end: after an ending signal, end the process by it (its exit status
         is 128+N, as without the plugin); else put back the handlers it found (an in-process inner
-        session leaves the outer one's)."""
+        session leaves the outer one's) where ours is still in place: one set since stays (an SPMD
+        rank ignores the launcher's SIGTERM from its own unconfigure on, to exit with its own code)."""
         if os.getpid() != self.pid:
             return
         if self.got is None:
             for sig, previous in self.previous.items():
                 try:
-                    signal.signal(sig, previous)  # type: ignore[arg-type]
+                    if signal.getsignal(sig) is self.installed.get(sig):
+                        signal.signal(sig, previous)  # type: ignore[arg-type]
                 except (ValueError, OSError, TypeError):
                     pass
             return

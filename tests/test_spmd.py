@@ -267,6 +267,21 @@ def test_ranks_collecting_different_tests_stop_with_one_clear_error(launch):
     assert run.text.count("exitcode  : 4") == 2 and run.codes == [1], run.text  # usage error on both ranks
 
 
+def test_the_launchers_sigterm_after_a_ranks_session_leaves_its_exit_code_its_own(launch):
+    """torchrun SIGTERMs every other rank as soon as one exits with an error; a rank whose session has
+    ended by then must still exit with its own code (rank 0 then loses no usage error to the race).
+    The SIGTERM is sent here by each rank to itself as its interpreter shuts down."""
+    run = launch("""
+        import atexit, os, signal
+
+        atexit.register(os.kill, os.getpid(), signal.SIGTERM)
+
+        def test_p():
+            pass
+    """, "test_inner.py")
+    assert run.codes == [0] and "SIGTERM" not in run.text, run.text
+
+
 def test_rank_process_exiting_ends_the_session_with_a_line_from_rank_0(launch):
     run = launch("""
         import os
