@@ -26,6 +26,7 @@ import pytest
 from watch_support import JOBS, free_port, line_in, run_watch
 
 from pytest_nccl.core.sidecalls import CallState, SideCall, judge
+from pytest_nccl.watch.engine.outcome import no_rank_line
 
 JOB = JOBS / "vllm_sync_job.py"
 TIMEOUT = 8
@@ -93,6 +94,12 @@ def test_a_root_past_its_broadcast_entered_it_and_healthy_groups_say_nothing():
         "another command or node)")
     assert SideCall.decode({"world": "x"}) is None and SideCall.decode([]) is None
     assert SideCall.decode(note(1).to_dict()) == note(1)
+
+
+def test_processes_that_reported_through_a_vllm_group_are_no_job_without_ranks():
+    """A job whose only group is vLLM's (``trl vllm-serve``'s side) reported: nothing to say at its end."""
+    assert no_rank_line(3, side_callers=3) is None and no_rank_line(3, members=1, side_callers=2) is None
+    assert no_rank_line(3).startswith("no rank reported: 3 processes imported torch")
 
 
 # -- real jobs ------------------------------------------------------------------------------------------
@@ -201,11 +208,20 @@ def test_a_store_barrier_that_timed_out(tmp_path, how, workers):
                    rf"the group after broadcast #4 from ", timeout=3)
 
 
+def watch_lines(run) -> list:
+    """What the watch said of the job, besides its first line ('watching ...')."""
+    return [line for line in run.stderr.splitlines()
+            if line.startswith("pytest-nccl watch: ") and "watching" not in line]
+
+
 @needs_vllm
 @pytest.mark.parametrize("how,workers", [("plain", 2), ("trl", 1)])
 def test_a_healthy_sync_is_untouched(tmp_path, how, workers):
+    """No process makes a default group: the members reported through their vLLM group's notes, and
+    the job ends as a healthy one does, with nothing said (before: 'no rank reported')."""
     run, _ = watch_sync(tmp_path, "good", how, workers)
     assert run.code == 0, run.text
+    assert watch_lines(run) == [], run.stderr
     assert "=====" not in run.stderr and "never entered" not in run.stderr, run.stderr
     assert "never connected" not in run.stderr and "failed on member" not in run.stderr, run.stderr
     assert run.stdout.count(" got w1 [2.0, 2.0, 2.0, 2.0]") == workers and "synced" in run.stdout, run.text
@@ -242,8 +258,11 @@ def watch_two_commands(tmp_path: Path, case: str, workers: int = 1):
 
 @needs_vllm
 def test_two_commands_each_under_its_own_watch_healthy_are_untouched(tmp_path):
+    """The server's command (``trl vllm-serve``) makes no c10d group at all: its watch ends as a healthy
+    job's does, as the trainer's."""
     for run, _ in watch_two_commands(tmp_path, "good"):
         assert run.code == 0 and "=====" not in run.stderr and "synced" in run.stdout, run.text
+        assert watch_lines(run) == [], run.stderr
 
 
 @needs_vllm

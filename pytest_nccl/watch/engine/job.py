@@ -48,7 +48,7 @@ from .outcome import (
     waited_for_peers,
 )
 from .present import PROG
-from .sidecalls import side_call_verdict
+from .sidecalls import side_call_verdict, side_callers
 from .where import RankPlace, place_of
 from .worlds import OtherWorlds
 
@@ -321,7 +321,8 @@ class Engine:
                     "the end: the channel to that node's watch ended; this node's ranks ended cleanly")
         if self.monitor.referee is None and not self.earlier:
             count = [n.split("-", 1)[0] for n in jobdir.listdir(self.dir)].count
-            return f"{PROG}: {no_rank_line(count('torch'), members=count('member'))}"
+            line = no_rank_line(count('torch'), members=count('member'), side_callers=side_callers(self.dir))
+            return f"{PROG}: {line}" if line else None
         return None
 
 

@@ -233,9 +233,13 @@ def peers_line(waiting: list, timeout: float) -> str:
             "MASTER_ADDR/MASTER_PORT)")
 
 
-def no_rank_line(torch_processes: int, members: int = 0) -> str:
+def no_rank_line(torch_processes: int, members: int = 0, side_callers: int = 0) -> str | None:
     """No process created a default process group and the job ended (``members`` of them created
-    side groups, whose creation the watch followed)."""
+    side groups, whose creation the watch followed). None when ``side_callers`` processes reported
+    through a group outside c10d (vLLM's, whose calls the watch followed and judged): a healthy job,
+    as one whose ranks reported, with nothing to say."""
+    if side_callers:
+        return None
     if members:
         return (f"{members} process{'es' if members > 1 else ''} created groups outside init_process_group "
                 "(side groups) and none a default process group: their creation was followed, their "

@@ -31,3 +31,8 @@ def side_call_verdict(directory: str, timeout: float) -> SideVerdict | None:
     """A verdict on the side groups followed in ``directory``, or None (keep waiting)."""
     found, alive = notes(directory)
     return judge(found, time.time(), timeout, alive) if found else None
+
+
+def side_callers(directory: str) -> int:
+    """How many of this host's processes reported through a group outside c10d (a note each)."""
+    return len(notes(directory)[1])
