@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .oom import OomKill
 from .ops import ROOT_ARG, SHAPE_MATCHED_OPS
 from .states import WAITED_ON, RankState, RecordState, Source
 
@@ -112,6 +113,7 @@ class RankView:
     output: str = ""                   # captured stdout/stderr of this call
     finished_at: float | None = None   # seconds since the call started
     joined: bool = True                # joined the process group (rendezvous)
+    oom: OomKill | None = None         # for dead ranks the kernel's OOM killer took (``core.oom``)
 
     def __post_init__(self):
         self.status = RankState(self.status)  # a state given by its word ("passed") is the member
@@ -161,6 +163,9 @@ class RankView:
 
     @property
     def exit_description(self) -> str:
+        """How a finished rank went: 'killed by SIGKILL', 'exited with code 3', ..."""
+        if self.oom is not None:
+            return self.oom.describe()
         if self.signal_name:
             return f"killed by {self.signal_name}"
         if self.exit_code is not None:

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING
 
 from .agreement import Digest
+from .oom import OomKill
 from .records import RankView
 from .states import RankState, Reason
 
@@ -43,6 +44,7 @@ class RankReport:
     stack: str = ""                      # a running rank's stacks, every thread
     exit_code: int | None = None         # DEAD: the process's exit status
     signal_name: str | None = None       # DEAD: the signal that ended it ("SIGABRT")
+    oom: OomKill | None = None           # DEAD: the kernel's OOM killer took it (``core.oom``)
     initialized: bool = True             # the default group still exists after the call
     dangling: int = 0                    # async collectives still in flight when the call returned
     ended: float = 0.0                   # wall clock (time.time()) when the rank finished
@@ -56,7 +58,7 @@ class RankReport:
     def view(self) -> RankView:
         """The analysis's view of this rank, without records (the judge adds them)."""
         return RankView(self.rank, status=self.state.judged, exit_code=self.exit_code,
-                        signal_name=self.signal_name, exc_type=self.exc_type, exc_text=self.exc_text,
+                        signal_name=self.signal_name, oom=self.oom, exc_type=self.exc_type, exc_text=self.exc_text,
                         message=self.message, stack=self.stack, output=self.output,
                         finished_at=self.finished_at)
 
@@ -74,11 +76,13 @@ class RankReport:
         failure (a newer writer): never an exception for a well-formed object."""
         data = json.loads(text)
         known = {f.name for f in fields(cls)}
-        report = cls(**{k: v for k, v in data.items() if k in known and k not in ("state", "value", "digest")})
+        report = cls(**{k: v for k, v in data.items() if k in known and k not in ("state", "value", "digest", "oom")})
         try:
             report.state = RankState(data.get("state", RankState.RUNNING))
         except ValueError:
             report.state = RankState.FAILED
+        if data.get("oom") is not None:
+            report.oom = OomKill.from_dict(data["oom"])
         if data.get("value"):
             report.value = base64.b64decode(data["value"])
         if data.get("digest") is not None:
