@@ -16,6 +16,7 @@ from ...core.journal import JournalTail
 from ...core.messages import AgentRequest
 from ...core.reports import RankReport
 from ...core.states import RankState
+from ...memcg import OomWatch
 from .. import jobdir
 from ..jobdir import RankInfo
 from .channel import RankSummary
@@ -100,6 +101,7 @@ class LocalRank:
         self.rank, self.info, self.directory = rank, info, directory
         self.journal = JournalFile(jobdir.journal(directory, rank))
         self.exit_code: int | None = None  # seen while the process was a zombie
+        self.memory = OomWatch(info.pid)   # its memory cgroup's OOM kills, from now on
 
     def ask(self, request: AgentRequest, timeout: float) -> dict | None:
         try:
@@ -118,7 +120,15 @@ class LocalRank:
             return None
 
     def gone(self) -> bool:
-        """The process ended (a zombie counts; its exit status is kept when readable)."""
+        """The process ended (a zombie counts; its exit status is kept when readable, and its memory
+        cgroup's OOM kills are counted then)."""
+        if self._gone():
+            self.memory.ended()
+            return True
+        self.memory.refresh()  # a rank moved into another cgroup is followed there
+        return False
+
+    def _gone(self) -> bool:
         pid, start = self.info.pid, self.info.start
         try:
             with open(f"/proc/{pid}/stat") as f:

@@ -10,7 +10,7 @@ import re
 from ...core.exits import decode_wait_status
 from ...core.reports import RankReport
 from ...core.states import RankState
-from .follow import Followed
+from .follow import Followed, LocalRank
 
 #: faulthandler's words for a fatal signal -> the signal's name
 FATAL_SIGNALS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
@@ -57,6 +57,7 @@ def report_of(r: int, f: Followed | None, answer: dict | None, t0: float, outsid
         report.exc_type, report.exc_text, report.message = f.exit.exc_type, f.exit.exc_text, f.exit.message
         if not f.local:  # its node's watch saw how it ended
             report.stack, report.exit_code, report.signal_name = f.exit.stack, f.exit.exit_code, f.exit.signal_name
+            report.oom = f.exit.oom
     if f.finished_at is not None:
         report.finished_at = f.finished_at - t0
     if answer:
@@ -72,4 +73,8 @@ def report_of(r: int, f: Followed | None, answer: dict | None, t0: float, outsid
             report.signal_name, report.stack = ended[0], with_sources(ended[1][-6000:])
         if f.source.exit_code is not None and report.signal_name is None:
             report.exit_code, report.signal_name = decode_wait_status(f.source.exit_code)
+        if isinstance(f.source, LocalRank):  # SIGKILL, or nothing says how: the OOM killer's, if counted
+            report.oom = f.source.memory.killed(report.signal_name, report.exit_code)
+        if report.oom is not None:
+            report.signal_name = report.oom.SIGNAL
     return report
