@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 from watch_support import JOBS, free_port, line_in, run_watch
 
-from pytest_nccl.core.sidecalls import CallState, SideCall, judge
-from pytest_nccl.watch.engine.outcome import no_rank_line
+from pytest_nccl.core.sidecalls import CallState, SideCall, judge, notice
+from pytest_nccl.watch.engine.outcome import no_rank_line, notice_after
 
 JOB = JOBS / "vllm_sync_job.py"
 TIMEOUT = 8
@@ -94,6 +94,40 @@ def test_a_root_past_its_broadcast_entered_it_and_healthy_groups_say_nothing():
         "another command or node)")
     assert SideCall.decode({"world": "x"}) is None and SideCall.decode([]) is None
     assert SideCall.decode(note(1).to_dict()) == note(1)
+
+
+def test_a_wait_is_said_once_at_15_s_as_the_verdict_will_read_and_the_verdict_waits_for_the_timeout():
+    """As a c10d side group's creation (``outcome.side_group_notice``): the same 15 s, said once per
+    group, not where --timeout comes as soon (``outcome.notice_after``)."""
+    after = notice_after(300.0)
+    assert after == 15.0 and notice_after(15.0) is None
+    skipped = [note(0, CallState.IN_CALL, 4, "broadcast", detail="[4] float32 src=2"),
+               note(1, CallState.IN_CALL, 4, "broadcast", detail="[4] float32 src=2"),
+               note(2, CallState.IN_CALL, 4, "barrier", since=101.0, site="train.py:9")]
+    said: set = set()
+    assert notice(skipped, 115.9, after, 300.0, said) is None  # nothing moved for 14.9 s only
+    assert notice(skipped, 116.0, after, 300.0, said) == (
+        "member 2 has not entered broadcast #4 of vLLM's weight-sync group at 127.0.0.1:51216: member 2 is in "
+        "barrier #4 from train.py:9; members 0,1 waited 15 s with no progress in broadcast #4 [4] float32 src=2 "
+        "from trl/extras/vllm_client.py:282; a verdict at --timeout (300 s) unless the group moves on")
+    assert notice(skipped, 130.0, after, 300.0, said) is None  # said once
+    assert judge(skipped, 130.0, 300.0) is None  # no verdict yet
+    joining = [note(0, CallState.CREATING), note(2, CallState.IN_CALL, 1, "broadcast_obj")]
+    assert notice(joining, 115.0, after, 300.0, set()) == (
+        "2 of 3 members joined vLLM's weight-sync group at 127.0.0.1:51216; member 1 not connected after 15 s; "
+        "created at trl/extras/vllm_client.py:259; a verdict at --timeout (300 s) unless it connects")
+    trainer = [note(2, CallState.IN_CALL, 5, "barrier")]
+    assert notice(trainer, 115.0, after, 300.0, set()) == (
+        "member 2 waited 15 s with no progress in barrier #5 of vLLM's weight-sync group at 127.0.0.1:51216 from "
+        "trl/extras/vllm_client.py:282; members 0,1 are not seen by this watch (a process of another command or "
+        "node); a verdict at --timeout (300 s) unless the group moves on")
+    slow = [note(0, CallState.IN_CALL, 4, "broadcast", world=2), note(1, CallState.IN_CALL, 5, "barrier", world=2)]
+    assert notice(slow, 115.0, after, 300.0, set()).startswith(
+        "no member has completed broadcast #4 of vLLM's weight-sync group at 127.0.0.1:51216: member 0 waited 15 s")
+    # healthy (idle) and raised (the verdict's at once) groups: no notice
+    assert notice([note(m, CallState.IDLE, 5, "barrier") for m in range(3)], 1e9, after, 300.0, set()) is None
+    raised = [note(0, CallState.FAILED, 5, "barrier", world=1, error="RuntimeError: x")]
+    assert notice(raised, 200.0, after, 300.0, set()) is None
 
 
 def test_processes_that_reported_through_a_vllm_group_are_no_job_without_ranks():
@@ -194,6 +228,31 @@ def test_a_broadcast_the_trainer_skipped(tmp_path, how, workers):
     assert_verdict(run, ended_at, rf"member {trainer} never entered broadcast #4 of {GROUP}: member {trainer} is in "
                    rf"barrier #4 from {barrier}; {members} waited {TIMEOUT} s \(--timeout\) with no progress in "
                    rf"broadcast #4 \[4\] float32 src={trainer} from {worker_site}")
+
+
+@needs_vllm
+@pytest.mark.parametrize("case", ["skip-broadcast", "never-joins"])
+def test_a_wait_is_said_at_15_s_then_the_verdict_at_the_timeout(tmp_path, case):
+    """With --timeout past the 15 s notice (as a c10d side group's creation is tested), the line comes
+    first, once, naming the member, the call and the lines; the verdict at --timeout."""
+    timeout = 22
+    run, ended_at = watch_sync(tmp_path, case, "plain", 1, timeout=timeout)
+    if case == "skip-broadcast":
+        barrier, broadcast = line_in(JOB, "comm.group.barrier()  # BARRIER"), line_in(
+            JOB, "self.pynccl_comm.broadcast(weight, src=self.client_rank)")
+        said = (f"pytest-nccl watch: member 1 has not entered broadcast #4 of {GROUP}: member 1 is in barrier #4 "
+                f"from {SITE}:{barrier}; member 0 waited 15 s with no progress in broadcast #4 \\[4\\] float32 "
+                f"src=1 from {SITE}:{broadcast}; a verdict at --timeout \\(22 s\\) unless the group moves on$")
+        verdict = rf"member 1 never entered broadcast #4 of {GROUP}: "
+    else:
+        said = (f"pytest-nccl watch: 1 of 2 members joined {GROUP}; member 0 not connected after 15 s; created at "
+                f"{SITE}:{line_in(JOB, '# CREATE')}; a verdict at --timeout \\(22 s\\) unless it connects$")
+        verdict = rf"1 of 2 members joined {GROUP}; member 0 never connected "
+    assert_verdict(run, ended_at, verdict, timeout=timeout)
+    lines = run.stderr.splitlines()
+    at = [i for i, line in enumerate(lines) if re.match(said, line)]
+    assert len(at) == 1 and run.stderr.count("after 15 s") + run.stderr.count("waited 15 s") == 1, run.stderr
+    assert at[0] < next(i for i, line in enumerate(lines) if "diagnosed (side group)" in line), run.stderr
 
 
 @needs_vllm

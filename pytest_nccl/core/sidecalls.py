@@ -116,13 +116,27 @@ def _report(headline: str, group: str, notes: list, alive: dict) -> SideVerdict:
     return SideVerdict(headline, "\n".join(lines))
 
 
-def judge(notes: list, now: float, timeout: float, alive: dict | None = None) -> SideVerdict | None:
-    """The first verdict of any group in ``notes`` (``now``: wall clock; ``alive``: pid -> its process
-    still runs). Per group, in order: a member's call raised (its store barrier timed out: once it
-    made no other call for ``FAILED_GRACE``, or its process ended);
-    members that never connected; a call some member never entered, or that no member completed,
-    once nothing moved in the group for ``timeout`` seconds. None: keep waiting."""
-    alive = alive or {}
+class Stall(enum.Enum):
+    """How a side group in which nothing moved for a while stands (``_stalled``)."""
+    NEVER_CONNECTED = "never connected"   # members with no note while others wait in the creation
+    NEVER_ENTERED = "never entered"       # a call some member never entered
+    UNSEEN = "unseen"                     # the others are followed elsewhere: where they are is not known here
+    NONE_COMPLETED = "none completed"     # every member in (or past) the call, none came out
+
+
+@dataclass(frozen=True)
+class _Stalled:
+    """A stall's facts: ``first`` the call waited in (None: the creation), the members inside it,
+    those that never entered it (their notes), and the members this watch has no note of."""
+    how: Stall
+    first: SideCall | None
+    inside: list
+    missing: list
+    absent: list
+
+
+def _groups(notes: list):
+    """(the group's name, its size, its members' notes by member), per group."""
     groups: dict = {}
     for n in notes:  # one host's notes: a port names one store (its members may name its host apart)
         if n.store and n.world > 0:
@@ -130,56 +144,125 @@ def judge(notes: list, now: float, timeout: float, alive: dict | None = None) ->
     for _, by_member in sorted(groups.items()):
         members = [by_member[m] for m in sorted(by_member)]
         named = [n.store for n in members if not n.store.startswith(WILDCARDS)]
-        found = _judge_group(f"{LIBRARY} at {(named or [members[0].store])[0]}", members[0].world, members,
-                             now, timeout, alive)
+        yield f"{LIBRARY} at {(named or [members[0].store])[0]}", members[0].world, members
+
+
+def judge(notes: list, now: float, timeout: float, alive: dict | None = None) -> SideVerdict | None:
+    """The first verdict of any group in ``notes`` (``now``: wall clock; ``alive``: pid -> its process
+    still runs). Per group, in order: a member's call raised (its store barrier timed out: once it
+    made no other call for ``FAILED_GRACE``, or its process ended);
+    members that never connected; a call some member never entered, or that no member completed,
+    once nothing moved in the group for ``timeout`` seconds. None: keep waiting."""
+    alive = alive or {}
+    for group, world, members in _groups(notes):
+        found = _failed(group, world, members, now, alive)
+        if found is None and (stalled := _stalled(world, members, now, timeout)) is not None:
+            found = _report(_verdict_line(group, world, members, stalled, timeout, alive), group, members, alive)
         if found is not None:
             return found
     return None
 
 
-def _judge_group(group: str, world: int, notes: list, now: float, timeout: float, alive: dict):
+def notice(notes: list, now: float, after: float, timeout: float, said: set, alive: dict | None = None) -> str | None:
+    """The line, once per group (``said``: the groups said, updated), for a group in which nothing
+    moved for ``after`` seconds while a member waits (what ``judge`` calls a verdict at ``timeout``):
+    not a verdict, since a member may only be slow (an engine loading a model, a long generation)."""
+    alive = alive or {}
+    for group, world, members in _groups(notes):
+        if group in said or _failed(group, world, members, now, alive) is not None:
+            continue
+        if (stalled := _stalled(world, members, now, after)) is not None:
+            said.add(group)
+            return _notice_line(group, world, members, stalled, after, timeout, alive)
+    return None
+
+
+def _failed(group: str, world: int, notes: list, now: float, alive: dict) -> SideVerdict | None:
     failed = next((n for n in notes if n.where == CallState.FAILED
                    and (now - n.since >= FAILED_GRACE or not alive.get(n.pid, True))), None)
-    if failed is not None:
-        missing = [n for n in notes if n is not failed and not _entered(n, failed)]
-        absent = [m for m in range(world) if m not in {n.member for n in notes}]
-        outside = f"; {_members([n.member for n in missing] + absent)} never entered it (" + "; ".join(
-            [f"{n.member}: {_place(n, alive.get(n.pid, True))}" for n in missing] +
-            [f"{m}: {UNSEEN}" for m in absent]) + ")" if missing or absent else ""
-        head = (f"{_call(failed)} of {group} failed on member {failed.member}: {failed.error}"
-                f"{f' (from {failed.site})' if failed.site else ''}{outside}")
-        return _report(head, group, notes, alive)
+    if failed is None:
+        return None
+    missing = [n for n in notes if n is not failed and not _entered(n, failed)]
+    absent = [m for m in range(world) if m not in {n.member for n in notes}]
+    outside = f"; {_members([n.member for n in missing] + absent)} never entered it (" + "; ".join(
+        [f"{n.member}: {_place(n, alive.get(n.pid, True))}" for n in missing] +
+        [f"{m}: {UNSEEN}" for m in absent]) + ")" if missing or absent else ""
+    head = (f"{_call(failed)} of {group} failed on member {failed.member}: {failed.error}"
+            f"{f' (from {failed.site})' if failed.site else ''}{outside}")
+    return _report(head, group, notes, alive)
+
+
+def _stalled(world: int, notes: list, now: float, bound: float) -> _Stalled | None:
+    """The group's stall once nothing moved in it for ``bound`` seconds while a member waits; None:
+    it moves, nobody waits, or its members are all there and only the store is slow."""
     quiet = now - max(n.since for n in notes)
     waiting = [n for n in notes if n.where in (CallState.CREATING, CallState.IN_CALL)]
-    if not waiting or quiet < timeout:
+    if not waiting or quiet < bound:
         return None
-    present = {n.member for n in notes}
-    absent = [m for m in range(world) if m not in present]
+    absent = [m for m in range(world) if m not in {n.member for n in notes}]
     if absent and any(n.where == CallState.CREATING for n in notes):
-        never = [m for m in range(world) if m not in present]
-        created = next((n.created_at for n in notes if n.created_at), "")
-        pids = ", ".join(f"{n.member}: pid {n.pid}" for n in notes[:8])
-        head = (f"{len(present)} of {world} members joined {group}; {_members(never)} never connected "
-                f"(the others waited {timeout:g} s, --timeout: {pids}){f'; created at {created}' if created else ''}")
-        return _report(head, group, notes, alive)
+        return _Stalled(Stall.NEVER_CONNECTED, None, [], [], absent)
     first = min((n for n in waiting if n.where == CallState.IN_CALL), key=lambda n: (n.seq, n.member), default=None)
     if first is None:
         return None  # every member present, some still creating: the store is only slow
     inside = [n for n in notes if n.where == CallState.IN_CALL and (n.seq, n.op) == (first.seq, first.op)]
     missing = [n for n in notes if not _entered(n, first)]
-    unseen = f"; {_members(absent)} {'are' if len(absent) > 1 else 'is'} {UNSEEN}" if absent else ""
-    wait = (f"{_members([n.member for n in inside])} waited {timeout:g} s (--timeout) with no progress in "
-            f"{_call(first)}{' ' + first.detail if first.detail else ''}{f' from {first.site}' if first.site else ''}")
-    if missing:
-        places = "; ".join(f"member {n.member} is {_place(n, alive.get(n.pid, True))}" for n in missing)
-        head = f"{_members([n.member for n in missing])} never entered {_call(first)} of {group}: {places}; {wait}"
-    elif absent:  # the others are followed elsewhere: where they are is not known here
-        head = f"{wait.replace(_call(first), f'{_call(first)} of {group}', 1)}{unseen}"
-        unseen = ""
-    else:
-        head = f"no member completed {_call(first)} of {group}: {wait}"
-    head += unseen
-    return _report(head, group, notes, alive)
+    how = Stall.NEVER_ENTERED if missing else Stall.UNSEEN if absent else Stall.NONE_COMPLETED
+    return _Stalled(how, first, inside, missing, absent)
+
+
+def _in_call(s: _Stalled, waited: str, group: str = "") -> str:
+    """'members 0,1 waited 8 s (--timeout) with no progress in broadcast #4 [of GROUP] [4] float32 src=2
+    from SITE'."""
+    first = s.first
+    assert first is not None
+    return (f"{_members([n.member for n in s.inside])} waited {waited} with no progress in {_call(first)}"
+            f"{f' of {group}' if group else ''}{' ' + first.detail if first.detail else ''}"
+            f"{f' from {first.site}' if first.site else ''}")
+
+
+def _unseen(s: _Stalled) -> str:
+    return f"; {_members(s.absent)} {'are' if len(s.absent) > 1 else 'is'} {UNSEEN}" if s.absent else ""
+
+
+def _places(s: _Stalled, alive: dict) -> str:
+    return "; ".join(f"member {n.member} is {_place(n, alive.get(n.pid, True))}" for n in s.missing)
+
+
+def _verdict_line(group: str, world: int, notes: list, s: _Stalled, timeout: float, alive: dict) -> str:
+    if s.how == Stall.NEVER_CONNECTED:
+        created = next((n.created_at for n in notes if n.created_at), "")
+        pids = ", ".join(f"{n.member}: pid {n.pid}" for n in notes[:8])
+        return (f"{len(notes)} of {world} members joined {group}; {_members(s.absent)} never connected "
+                f"(the others waited {timeout:g} s, --timeout: {pids}){f'; created at {created}' if created else ''}")
+    assert s.first is not None
+    waited = f"{timeout:g} s (--timeout)"
+    if s.how == Stall.NEVER_ENTERED:
+        return (f"{_members([n.member for n in s.missing])} never entered {_call(s.first)} of {group}: "
+                f"{_places(s, alive)}; {_in_call(s, waited)}{_unseen(s)}")
+    if s.how == Stall.UNSEEN:
+        return f"{_in_call(s, waited, group)}{_unseen(s)}"
+    return f"no member completed {_call(s.first)} of {group}: {_in_call(s, waited)}"
+
+
+def _notice_line(group: str, world: int, notes: list, s: _Stalled, after: float, timeout: float,
+                 alive: dict) -> str:
+    """As the verdict will read, said at ``after`` seconds, with when the verdict comes (c10d side
+    groups' notice: ``watch.engine.outcome.side_group_notice``)."""
+    many = len(s.absent) > 1 if s.how == Stall.NEVER_CONNECTED else len(s.missing) > 1
+    if s.how == Stall.NEVER_CONNECTED:
+        created = next((n.created_at for n in notes if n.created_at), "")
+        return (f"{len(notes)} of {world} members joined {group}; {_members(s.absent)} not connected after "
+                f"{after:g} s{f'; created at {created}' if created else ''}; a verdict at --timeout "
+                f"({timeout:g} s) unless {'they connect' if many else 'it connects'}")
+    assert s.first is not None
+    waited, unless = f"{after:g} s", f"; a verdict at --timeout ({timeout:g} s) unless the group moves on"
+    if s.how == Stall.NEVER_ENTERED:
+        return (f"{_members([n.member for n in s.missing])} {'have' if many else 'has'} not entered "
+                f"{_call(s.first)} of {group}: {_places(s, alive)}; {_in_call(s, waited)}{_unseen(s)}{unless}")
+    if s.how == Stall.UNSEEN:
+        return f"{_in_call(s, waited, group)}{_unseen(s)}{unless}"
+    return f"no member has completed {_call(s.first)} of {group}: {_in_call(s, waited)}{unless}"
 
 
 def _entered(n: SideCall, call: SideCall) -> bool:

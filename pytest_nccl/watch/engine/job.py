@@ -48,7 +48,7 @@ from .outcome import (
     waited_for_peers,
 )
 from .present import PROG
-from .sidecalls import side_call_verdict, side_callers
+from .sidecalls import SideCalls, side_callers
 from .where import RankPlace, place_of
 from .worlds import OtherWorlds
 
@@ -105,6 +105,7 @@ class Engine:
         self.peers_missing = ""         # the line for peers that never appeared
         self.side_group_missing = False  # ... members of a side group that never connected: a verdict
         self.joining = JoiningProcesses(self.attempt_dir)  # of the attempt followed
+        self.side_calls = SideCalls(self.attempt_dir)      # ... its groups outside c10d (vLLM's)
         # the attempt's default worlds beside its first (the first one's monitor: once the job started)
         self.worlds = OtherWorlds(self.attempt_dir, timeout)
         self.monitor = Monitor(directory, timeout)
@@ -154,6 +155,7 @@ class Engine:
         self.worlds.close()
         self.attempt, self.attempt_done = max(newer), False
         self.joining = JoiningProcesses(self.attempt_dir)
+        self.side_calls = SideCalls(self.attempt_dir)
         self.monitor = Monitor(self.attempt_dir, self.timeout)
         self.worlds = OtherWorlds(self.attempt_dir, self.timeout)
         if not self.quiet:
@@ -228,7 +230,9 @@ class Engine:
 
     def _peers_never_appeared(self, now: float) -> bool:
         waiting = waited_for_peers(self.joining.read(now), len(self.monitor.ranks), now, self.timeout)
-        if not (waiting or self.quiet) and (notice := self.joining.notice(now, self.timeout)):
+        side = None if waiting else self.side_calls.verdict(self.timeout)  # vLLM's groups
+        if not (waiting or side or self.quiet) and (
+                notice := self.joining.notice(now, self.timeout) or self.side_calls.notice(self.timeout)):
             self.front.say(f"{PROG}: {notice}")
         if waiting:
             self.peers_missing = peers_line(waiting, self.timeout)
@@ -236,7 +240,7 @@ class Engine:
             if self.side_group_missing and not self.quiet:  # a verdict: as every verdict reads
                 self.front.say(present.banner(PROG, f"diagnosed ({Kind.RENDEZVOUS}, side group)"))
                 self.front.say(side_group_report(waiting, self.timeout))
-        elif (side := side_call_verdict(self.joining.directory, self.timeout)) is not None:  # vLLM's groups
+        elif side is not None:
             self.peers_missing, self.side_group_missing = side.headline, True
             if not self.quiet:
                 self.front.say(present.banner(PROG, "diagnosed (side group)"))

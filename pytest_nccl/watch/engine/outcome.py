@@ -131,11 +131,17 @@ def _side_group_waiting(members: list, now: float, timeout: float) -> list:
 SIDE_GROUP_NOTICE = 15.0
 
 
+def notice_after(timeout: float) -> float | None:
+    """Seconds after which a side group's wait is said (c10d's and vLLM's groups alike), or None where
+    --timeout comes as soon (the verdict itself then)."""
+    return SIDE_GROUP_NOTICE if timeout > SIDE_GROUP_NOTICE else None
+
+
 def side_group_notice(joining: list, now: float, timeout: float, said: set) -> str | None:
     """The line for a side group whose members have waited ``SIDE_GROUP_NOTICE`` seconds for one that
     has not connected, once per group (``said``: the groups' stores already said, updated), and only
     where --timeout is further away."""
-    if timeout <= SIDE_GROUP_NOTICE:
+    if notice_after(timeout) is None:
         return None
     members = [j for j in joining if j.waits == Waits.GROUP and (j.store or j.group) not in said]
     waiting = _side_group_waiting(members, now, SIDE_GROUP_NOTICE)
