@@ -16,6 +16,8 @@ import os
 import signal
 from typing import Callable
 
+import pytest
+
 from .core.call import Interrupted
 
 ENDING = (signal.SIGTERM, signal.SIGHUP)
@@ -63,6 +65,12 @@ class Endings:
             previous(signum, frame)  # another plugin's handler first; it may end the process itself
         raise Interrupted(signal.Signals(signum).name)
 
+    def note(self, signum: int) -> None:
+        """An ending signal that another handler took (an SPMD rank's, which reports the test first):
+        the process still ends by it at the session's end."""
+        if self.got is None and signum in ENDING:
+            self.got = signum
+
     def _die(self, signum: int, previous, close: bool) -> None:
         if close:
             self.close()
@@ -102,3 +110,7 @@ class Endings:
 def stop_message(nodeid: str, interrupted: str) -> str:
     """What pytest prints as it stops after an interrupted test (``session.shouldstop``)."""
     return f"{interrupted or 'interrupted'} while {nodeid} ran (where its ranks were: its report above)"
+
+
+#: the session's ``Endings`` (plugin.py installs it; SPMD mode's rank signals note theirs in it)
+ENDINGS_KEY = pytest.StashKey[Endings]()

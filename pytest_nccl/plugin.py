@@ -18,7 +18,7 @@ from . import github
 from .adopt.adopter import ADOPTED_KEY, ADOPTER_KEY, Adopter
 from .core.states import Phase
 from .errors import DistributedTestFailure, NcclUsageError, RankSetupError
-from .interrupts import Endings
+from .interrupts import ENDINGS_KEY, Endings
 from .launched import LAUNCHED_KEY, Launched, off_reason
 from .session import OUTCOME_KEY, SESSION_KEY, STARTED_KEY, NcclSession, junit_writer
 from .settings import (
@@ -37,8 +37,6 @@ from .views.report import NcclLongRepr, trace_files
 # A bad setting, kept from configure to the session's start: --help, --version, --markers and
 # --collect-only must still work with a bad value in the config file.
 SETTINGS_ERROR_KEY = pytest.StashKey[str]()
-# The session's handler of SIGTERM and SIGHUP (``interrupts``).
-ENDINGS_KEY = pytest.StashKey[Endings]()
 # The rank fixtures the plugin itself supplied to an item (a user's own fixture of the name did not).
 RANK_FIXTURES_KEY = pytest.StashKey[set]()
 

@@ -165,3 +165,52 @@ def test_an_interrupt_after_every_rank_finished_is_a_clean_completion():
         transport.finished[rank] = RankReport(rank, RankState.PASSED)
     outcome = CallDriver(referee, transport, clock).conclude(Reason.INTERRUPTED, interrupted="SIGINT")
     assert outcome.reason == Reason.COMPLETED and outcome.clean and outcome.interrupted == ""
+
+
+class SlowlyReleasing(InterruptingTransport):
+    """A live rank cannot be released at once (SPMD: a rank waiting in C++ takes the whole release wait)."""
+
+    def release(self, live):
+        super().release(live)
+        self.clock.now += 5.0
+
+
+def test_an_interrupted_call_is_timed_when_it_was_ended_not_once_its_ranks_were_released():
+    from pytest_nccl.core.call import Interrupted
+
+    journals = {0: [record(0, 1, state="entered", site="t.py:10")], 1: []}
+    clock = Clock()
+    referee = Referee(2, 300.0, 0.0)
+    transport = SlowlyReleasing(clock, referee, journals, at=8.2, interrupt=Interrupted("SIGTERM"))
+    outcome = CallDriver(referee, transport, clock).run(backend="gloo")
+    assert clock.now == 13.2 and outcome.elapsed == 8.2
+    assert outcome.diagnosis.headline.startswith("interrupted after 8.2 s (SIGTERM): "), outcome.diagnosis.headline
+
+
+class Watched(FakeTransport):
+    """Notes whether the driver still watched at each receive and at the dumps."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.driver, self.seen = None, []
+
+    def receive(self, until):
+        self.seen.append(("receive", self.driver.watching))
+        super().receive(until)
+
+    def dumps(self, reason, live):
+        self.seen.append(("dumps", self.driver.watching))
+        return super().dumps(reason, live)
+
+
+def test_the_driver_says_it_watches_only_while_the_referees_loop_runs():
+    """SPMD's decider raises an interrupt from ``receive`` only while the driver watches: once a call is
+    decided (its settle also receives), the conclusion is not cut short."""
+    journals = {0: [record(0, 1), record(0, 2, state="entered")], 1: [record(1, 1)]}
+    clock = Clock()
+    referee = Referee(2, 60.0, 0.0)
+    transport = Watched(clock, referee, journals, [(0.1, 1, RankState.PASSED)])
+    driver = transport.driver = CallDriver(referee, transport, clock)
+    driver.run()
+    assert ("receive", True) in transport.seen and transport.seen[-1] == ("dumps", False)
+    assert not driver.watching

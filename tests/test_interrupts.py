@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,6 +22,8 @@ from watch_support import line_in
 REPO = Path(__file__).resolve().parents[1]
 ENDINGS_JOB = REPO / "tests" / "watch" / "endings_job.py"
 REPORT_WITHIN = 6.0  # seconds from the signal to pytest's end (the promise is 2 s; a loaded runner)
+LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
+              "ROLE_RANK", "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT")
 
 WORLD_2 = """
 import time
@@ -92,19 +95,29 @@ def test_torchrun(tmp_path):
 """
 
 
-def interrupt(pytester, source: str, ready: int, sig: int = signal.SIGINT,
-              group: bool = False) -> tuple[str, int, float]:
-    """Run ``source`` in an inner pytest, wait until ``ready`` ranks touched ``ready.R``, send ``sig``
-    (``group``: to its whole process group, as a terminal's Ctrl-C); its output, exit status, and the
-    seconds from the signal to its end."""
+def torchrun(world: int) -> list[str]:
+    """The launcher of an SPMD session (``torchrun -m pytest``) of ``world`` ranks."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", "--master-addr=127.0.0.1",
+            f"--master-port={port}"]
+
+
+def interrupt(pytester, source: str, ready: int, sig: int = signal.SIGINT, group: bool = False,
+              launcher: list[str] | None = None, to_rank: int | None = None) -> tuple[str, int, float]:
+    """Run ``source`` in an inner pytest (under ``launcher``: SPMD mode), wait until ``ready`` ranks
+    touched ``ready.R`` (which holds the rank's pid), send ``sig`` (``group``: to its whole process
+    group, as a terminal's Ctrl-C or Slurm; ``to_rank``: to that rank alone); its output, exit status,
+    and the seconds from the signal to its end."""
     pytester.makepyfile(test_inner=source)
     tag = uuid.uuid4().hex
     # not under this session's follower of the ranks tests start (launched.py): the inner one follows its own
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_NCCL_WATCH_DIR"}
-    env.update(PYTEST_NCCL_TEST_TAG=tag, PYTHONFAULTHANDLER="1")
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_inner.py"],
-                            cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=group)
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_NCCL_WATCH_DIR" and k not in LAUNCH_ENV}
+    env.update(PYTEST_NCCL_TEST_TAG=tag, PYTHONFAULTHANDLER="1", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([*(launcher or [sys.executable]), "-m", "pytest", "-p", "no:cacheprovider",
+                             "test_inner.py"], cwd=pytester.path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=group or launcher is not None)
     try:
         deadline = time.monotonic() + 120
         while sum((pytester.path / f"ready.{r}").exists() for r in range(ready)) < ready:
@@ -116,6 +129,8 @@ def interrupt(pytester, source: str, ready: int, sig: int = signal.SIGINT,
         sent = time.monotonic()
         if group:
             os.killpg(proc.pid, sig)
+        elif to_rank is not None:
+            os.kill(int((pytester.path / f"ready.{to_rank}").read_text()), sig)
         else:
             proc.send_signal(sig)
         try:
@@ -185,3 +200,64 @@ def test_a_terminals_ctrl_c_that_reaches_the_tests_torchrun_too_still_says_where
     assert "rank 1 raised KeyboardInterrupt after 3 collectives in group default; rank 0 waits in all_reduce #4 " \
            f"of group default from {ENDINGS_JOB}:{sleep + 1}" in out, out
     assert f'line {sleep}, in run' in out and "Interrupted: SIGINT while test_inner.py::test_torchrun ran" in out, out
+
+
+SPMD = """
+import os, time
+import pytest, torch
+import torch.distributed as dist
+
+
+@pytest.mark.nccl
+def test_hangs(rank, world_size):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    with open(f"ready.{rank}", "w") as f:
+        f.write(str(os.getpid()))
+    if rank == world_size - 1:
+        time.sleep(600)  # the last rank
+    dist.all_reduce(t)
+
+
+@pytest.mark.nccl
+def test_never_runs():
+    dist.barrier()
+"""
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_spmd_a_terminals_ctrl_c_reaching_torchrun_and_every_rank_says_where_each_rank_was(pytester, world):
+    """``torchrun -m pytest``: the terminal's SIGINT reaches every rank, and torchrun forwards its own to
+    each; rank 0's report says where each rank was, and every rank stops after the test."""
+    out, code, took = interrupt(pytester, SPMD, ready=world, launcher=torchrun(world), group=True)
+    line = line_in(pytester.path / "test_inner.py", "# the last rank")
+    last = world - 1
+    assert f"(SIGINT): rank {last} is busy outside any collective at test_inner.py:{line}: time.sleep(600)" in out, out
+    waits = "rank 0 waits" if world == 2 else "ranks 0-2 wait"
+    assert f"{waits} in all_reduce #2 of group default from test_inner.py:{line + 1}" in out, out
+    assert "Interrupted: SIGINT while test_inner.py::test_hangs ran" in out and "1 failed in" in out, out
+    assert "passed" not in out.split("short test summary info")[-1], out  # test_never_runs did not run
+    assert code != 0 and took < REPORT_WITHIN, (code, took, out)
+
+
+def test_spmd_sigterm_to_torchrun_alone_is_forwarded_and_each_rank_is_named(pytester):
+    """A scheduler that signals only the launcher (Kubernetes' SIGTERM to the pod's first process)."""
+    out, code, took = interrupt(pytester, SPMD, ready=2, sig=signal.SIGTERM, launcher=torchrun(2))
+    line = line_in(pytester.path / "test_inner.py", "# the last rank")
+    assert "interrupted after " in out and f"(SIGTERM): rank 1 is busy outside any collective at " \
+           f"test_inner.py:{line}: time.sleep(600)" in out, out
+    assert "Interrupted: SIGTERM while test_inner.py::test_hangs ran" in out, out
+    assert code != 0 and took < REPORT_WITHIN, (code, took, out)
+
+
+def test_spmd_sigterm_to_one_rank_stuck_in_cxx_is_read_from_the_wakeup_fd(pytester):
+    """The rank that gets the signal waits in C++ (its Python handler cannot run): its watchdog reads
+    the signal from the wakeup fd, and the report still says where each rank was."""
+    source = SPMD.replace("time.sleep(600)", "torch.futures.Future().wait()")
+    out, code, took = interrupt(pytester, source, ready=2, sig=signal.SIGTERM, launcher=torchrun(2), to_rank=1)
+    line = line_in(pytester.path / "test_inner.py", "# the last rank")
+    assert f"(SIGTERM): rank 1 is busy outside any collective at test_inner.py:{line}: " \
+           "torch.futures.Future().wait()" in out, out
+    assert "Interrupted: SIGTERM while test_inner.py::test_hangs ran" in out, out
+    # rank 1 cannot be released from its C++ wait (TIMING.release_wait, 5 s): it is said, and it goes
+    assert "rank 1 could not be released" in out and code != 0 and took < REPORT_WITHIN + 5, (code, took, out)

@@ -282,7 +282,7 @@ def test_the_launchers_sigterm_after_a_ranks_session_leaves_its_exit_code_its_ow
     assert run.codes == [0] and "SIGTERM" not in run.text, run.text
 
 
-def test_rank_process_exiting_ends_the_session_with_a_line_from_rank_0(launch):
+def test_rank_process_exiting_in_a_test_is_named_by_rank_0_at_once(launch):
     run = launch("""
         import os
         import pytest, torch
@@ -298,11 +298,12 @@ def test_rank_process_exiting_ends_the_session_with_a_line_from_rank_0(launch):
                 os._exit(3)
             dist.barrier()
     """, "test_inner.py", "--nccl-timeout=60")
-    assert "[pytest-nccl rank 0] the launcher stopped this rank (SIGTERM) during test_inner.py::test_b_rank_exits" \
-        in run.report, run.text
-    assert "ranks that had not finished it: " in run.report
+    # rank 0 sees rank 1's process gone (same host), or gets the launcher's SIGTERM first: either way
+    # its report names the rank that died and where rank 0 waited, at once
+    assert ("rank 1 ended without an exit record (killed by a signal, or os._exit) after 0 collectives in group "
+            "default; rank 0 waits in barrier #1 of group default from test_inner.py:") in run.report, run.text
     assert "exitcode  : 3" in run.text  # torchrun's own report names the rank that exited
-    assert run.codes != [0]
+    assert run.codes != [0] and run.elapsed < 25, (run.elapsed, run.text)
 
 
 LAUNCH_SUITE = REPO / "suites" / "launch"

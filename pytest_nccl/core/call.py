@@ -77,6 +77,9 @@ class CallDriver:
 
     def __init__(self, referee: Referee, transport: Transport, clock: Callable[[], float] = time.monotonic):
         self.referee, self.transport, self.clock = referee, transport, clock
+        # True while the referee's loop runs: an interrupt a transport raises from ``receive`` is taken
+        # only then (SPMD's decider; once decided, the conclusion is not cut short)
+        self.watching = False
 
     def step(self, now: float) -> Reason | None:
         """One look by the referee (for a front-end that runs its own loop: the watch)."""
@@ -107,6 +110,8 @@ class CallDriver:
         running, release them, and the judge (``interrupted``: the signal that ended the call first,
         ``Reason.INTERRUPTED``)."""
         referee, transport = self.referee, self.transport
+        if reason == Reason.INTERRUPTED and elapsed is None:  # when it was ended, not once its ranks were released
+            elapsed = self.clock() - referee.t0
         if reason == Reason.DECIDED and referee.settle:
             self.settle()
         live = referee.live
@@ -128,10 +133,13 @@ class CallDriver:
         """The whole call: watch until decided, then conclude. Interrupted while it watches (Ctrl-C,
         or a front-end's ``Interrupted`` for SIGTERM/SIGHUP), the call is concluded on what is known
         then, said as interrupted; a second interrupt during that ends it at once."""
+        self.watching = True
         try:
             reason = self.watch()
         except KeyboardInterrupt as exc:
+            self.watching = False
             return self.conclude(Reason.INTERRUPTED, interrupted=signal_of(exc), **conclude)
+        self.watching = False
         return self.conclude(reason, **conclude)
 
 

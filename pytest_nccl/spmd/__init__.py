@@ -26,7 +26,11 @@ hosts it, as ``env://`` would) carries what the plugin-mode controller learns ov
   with its stack; the session stops after that test on every rank with rank 0's summary, and the
   stuck rank exits once rank 0 is done;
 - a rank whose process dies (``os._exit``, a signal, gloo's SIGABRT on a size mismatch) ends the
-  session: the launcher stops every rank, each says in one line which test it was in;
+  session: rank 0 sees it gone (on its host: ``liveness``) and reports it as DEAD at once; the launcher
+  stops every other rank, and a rank outside a marked test says in one line which test it was in;
+- an ending signal (a terminal's Ctrl-C, Slurm's SIGTERM, torchrun's forward of either) during a marked
+  test is published by the rank that got it; rank 0 concludes the test as interrupted (where each rank
+  was) and every rank stops after it (``signals``);
 - ranks other than 0 are quiet (no terminal reporter, JUnit XML, gate report or trace dir). At the
   end rank 0 names tests that failed only on other ranks (tests without the marker run on each rank
   independently), and ranks leave together, rank 0 last, so that the launcher, which stops every rank
@@ -37,7 +41,8 @@ Fixtures of any kind work (they run in-process); ``rank``, ``world_size``, ``dev
 
 Modules: ``launch`` (detection), ``store`` (key schema, polling), ``group`` (store clients, the
 process group, release), ``release`` (TCP connections), ``testrun`` (one test: watchdog, rank 0's
-decider feeding the referee), ``session`` (the pytest hooks), ``collection`` (same tests everywhere).
+decider feeding the referee), ``session`` (the pytest hooks), ``collection`` (same tests everywhere),
+``signals`` (ending signals, the decider's interrupt), ``liveness`` (which rank processes ended).
 """
 
 from __future__ import annotations

@@ -7,13 +7,14 @@ from __future__ import annotations
 import pickle
 import time
 
-from ..core.call import CallDriver, Dumps
+from ..core.call import CallDriver, Dumps, Interrupted
 from ..core.journal import parse_journal
 from ..core.messages import Verdict
 from ..core.referee import Referee
 from ..core.reports import CallOutcome, RankReport
 from ..core.sites import stack_top
 from ..core.states import RankState, Reason
+from ..interrupts import stop_message
 from ..rank.stacks import harness_sites_stripped
 from ..views.report import format_report
 from .store import naps, poll
@@ -34,33 +35,57 @@ class Decider:
         self.snaps: dict[int, RankReport] = {}      # snapshots of the ranks still in the test once decided
         self.stuck: list[int] = []                  # ranks that could not be released after the bound
         self.referee: Referee | None = None
+        self.driver: CallDriver | None = None
         self._sleeps = naps()
         self._journal_cache: dict = {}
+        self.gone: set[int] = set()                 # ranks whose process ended in the test (seen here)
+        self._next_look = 0.0
 
     def decide(self) -> None:
         """Run the call's driver (``core.call``) on the store, then publish the verdict."""
         self.referee = Referee(self.world, self.test.bound, time.monotonic(), trace=self.test.trace)
         self._sleeps = naps()
-        outcome = CallDriver(self.referee, self).run(backend=self.test.group.backend)
+        self.driver = CallDriver(self.referee, self)
+        outcome = self.driver.run(backend=self.test.group.backend)
         self._conclude(outcome)
 
     def _take_reports(self) -> None:
         for r in range(self.world):
             if r not in self.published and self.store.check([self.keys.outcome(r)]):
                 report = self.published[r] = pickle.loads(self.store.get(self.keys.outcome(r)))
-                if self.referee is not None:
+                if self.referee is not None and r not in self.gone:
                     self.referee.finished(r, report.state.judged, time.monotonic())
+        now = time.monotonic()
+        if now >= self._next_look:
+            self._next_look = now + TIMING.liveness_poll
+            self._look_for_ended(now)
+
+    def _look_for_ended(self, now: float) -> None:
+        """A rank whose process ended without publishing its report died in the test: DEAD, at once
+        (the launcher would stop every rank within its monitor interval, before any bound)."""
+        for r in range(self.world):
+            if r in self.published or r in self.gone:
+                continue
+            if self.test.group.ended(r, self.store) and not self.store.check([self.keys.outcome(r)]):
+                self.gone.add(r)
+                if self.referee is not None:
+                    self.referee.finished(r, RankState.DEAD, now)
 
     # -- the driver's transport: news, snapshots, release --------------------------------------------------
     def receive(self, until: float) -> None:
+        """News until ``until``; a rank that got an ending signal (Ctrl-C, the launcher's or Slurm's
+        SIGTERM) interrupts the call here, as Ctrl-C does the forked groups' controller."""
         time.sleep(min(next(self._sleeps), max(0.0, until - time.monotonic())))
         self._take_reports()
+        if self.driver is not None and self.driver.watching and self.store.check([self.keys.interrupted]):
+            raise Interrupted(self.store.get(self.keys.interrupted).decode("ascii", "replace"))
 
     def dumps(self, reason: Reason, live: list[int]) -> Dumps:
         """Every rank still in the test publishes a snapshot of itself (its watchdog sees the decision)."""
         store, keys = self.store, self.keys
         store.set(keys.decision, reason.value)
-        waiting = set(live)
+        self._look_for_ended(time.monotonic())  # a rank that died answers nothing: not waited for
+        waiting = set(live) - self.gone
 
         def snapshots_in() -> bool:
             for r in sorted(waiting):
@@ -81,10 +106,10 @@ class Decider:
 
         def released() -> bool:
             self._take_reports()
-            return all(r in self.published for r in live)
+            return all(r in self.published or r in self.gone for r in live)
 
         poll(released, time.monotonic() + TIMING.release_wait)
-        self.stuck = [r for r in live if r not in self.published]
+        self.stuck = [r for r in live if r not in self.published and r not in self.gone]
 
     # -- the referee's CallView: the journals the watchdogs pushed ----------------------------------------
     def journals(self) -> dict:
@@ -127,7 +152,11 @@ class Decider:
         out: dict[int, RankReport] = {}
         for r in range(self.world):
             published, snap = self.published.get(r), snaps.get(r)
-            if snap is not None:
+            if r in self.gone:
+                report = RankReport(r, RankState.DEAD)
+                if self.store.check([self.keys.journal(r)]):
+                    report.journal = self.store.get(self.keys.journal(r)).decode("utf-8", "replace")
+            elif snap is not None:
                 report = snap
             elif published is not None:
                 report = published
@@ -151,8 +180,11 @@ class Decider:
         test.result = result
         recreate = any(not rep.initialized for rep in self.published.values())
         diag = result.diagnosis
+        # interrupted: every rank stops after this test, whatever its outcome (pytest's Ctrl-C)
+        interrupted = stop_message(test.nodeid, result.interrupted) if result.interrupted else None
         if diag is None:
-            decided = Verdict(result.views[0].status, message=result.views[0].message, recreate=recreate)
+            decided = Verdict(result.views[0].status, message=result.views[0].message, recreate=recreate,
+                              stop=interrupted)
         else:
             views = result.views
             test.report = format_report(views, diag, result.elapsed, test.bound, test.group.backend)
@@ -160,9 +192,11 @@ class Decider:
             if stuck:
                 where = "; ".join(f"rank {r} at {stack_top(views[r].stack) or 'unknown'}" for r in stuck)
                 stop = (f"pytest-nccl: {'ranks' if len(stuck) > 1 else 'rank'} {','.join(map(str, stuck))} "
-                        f"could not be released from {test.nodeid} within {TIMING.release_wait:g} s after its "
-                        f"bound (stuck outside Python: {where}); the session stops here")
+                        f"could not be released from {test.nodeid} within {TIMING.release_wait:g} s after "
+                        f"{'the interrupt' if result.interrupted else 'its bound'} (stuck outside Python: {where}); "
+                        "the session stops here")
                 test.report += "\n\n" + stop
+            stop = stop or interrupted
             decided = Verdict(RankState.FAILED, kind=diag.kind, headline=diag.headline,
                               exception=diag.exception_name, stuck=stuck, stop=stop, recreate=True)
         self.store.set(self.keys.verdict, pickle.dumps(decided))

@@ -20,8 +20,9 @@ from ..core.nccl_env import nccl_env
 from ..core.referee import TIMING as RULES
 from ..core.states import Backend
 from ..errors import RankSetupError
+from .liveness import RankProcess
 from .release import abort_connections
-from .store import BYE, DONE, LEFT, poll, safe_set
+from .store import BYE, DONE, LEFT, PROC, poll, safe_set
 from .timing import TIMING
 
 if TYPE_CHECKING:  # torch is imported when a rank connects, not when pytest loads the plugin
@@ -45,6 +46,7 @@ class LaunchedGroup:
         self.dstore: Store | None = None
         self._base: TCPStore | None = None     # the main thread's TCPStore client (under self.store)
         self.gen = 0                           # process group generation: its store prefix pg<gen>/
+        self._processes: dict[int, RankProcess] = {}  # the ranks' processes, as they published them
         self.need_group = True                 # (re)create the default group at the next marked test
         self.pg_timeout = 0.0
 
@@ -66,11 +68,23 @@ class LaunchedGroup:
             self.store = dist.PrefixStore(prefix, self._base)
             self.wstore = dist.PrefixStore(prefix, client())
             self.dstore = dist.PrefixStore(prefix, client()) if launch.rank == 0 else None
+            self.store.set(PROC.format(launch.rank), RankProcess.mine().to_text())
         except Exception as exc:  # the launcher's store, any torch: one usage line
             self.store = self.wstore = self.dstore = None
             raise pytest.UsageError(
                 f"pytest-nccl SPMD mode: rank {launch.rank} cannot reach the launcher's store at "
                 f"{launch.master_addr}:{launch.master_port}: {type(exc).__name__}: {exc}") from None
+
+    def ended(self, rank: int, client: Any) -> bool:
+        """That rank's process is known to have ended (it ran on this host); read with ``client``,
+        the calling thread's store client."""
+        process = self._processes.get(rank)
+        if process is None:
+            key = PROC.format(rank)
+            if not client.check([key]):
+                return False
+            process = self._processes[rank] = RankProcess.from_text(client.get(key).decode("utf-8", "replace"))
+        return process.ended()
 
     def set(self, key: str, value) -> None:
         safe_set(self.store, key, value, self.debug)
@@ -159,7 +173,8 @@ class LaunchedGroup:
     def abandon(self, run) -> None:
         """This rank's main thread could not be released (a C++ wait without a socket or a timeout):
         the session stops after this test on every rank. Leave once rank 0 is done with its report."""
-        self.say(f"could not be released from {run.nodeid} within {TIMING.release_wait:g} s after its bound; "
+        after = "the interrupt" if run.interrupted_by else "its bound"
+        self.say(f"could not be released from {run.nodeid} within {TIMING.release_wait:g} s after {after}; "
                  "this rank leaves once rank 0 has written its report")
         store = self._connected(self.wstore)
         run.leaving()  # the session's end, published now: this rank will not get there
@@ -175,21 +190,22 @@ class LaunchedGroup:
             pass
         os._exit(STUCK_EXIT_CODE)
 
-    def leave_together(self) -> None:
+    def leave_together(self, limit: float) -> None:
         """Ranks leave together, rank 0 last: the others wait until rank 0 has written its report
-        (the launcher stops every rank when one exits with an error), rank 0 until they have left."""
+        (the launcher stops every rank when one exits with an error), rank 0 until they have left;
+        each for ``limit`` seconds at most."""
         store = self._connected(self.store)
         if self.rank == 0:
             self.set(BYE, "1")
             waiting = set(range(1, self.world))
 
-            def everyone_left() -> bool:
-                waiting.difference_update({r for r in waiting if store.check([LEFT.format(r)])})
+            def everyone_left() -> bool:  # or ended: a rank that died is not waited for
+                waiting.difference_update({r for r in waiting if store.check([LEFT.format(r)]) or self.ended(r, store)})
                 return not waiting
 
-            poll(everyone_left, time.monotonic() + TIMING.finish_wait)
+            poll(everyone_left, time.monotonic() + limit)
         else:
-            poll(lambda: store.check([BYE]), time.monotonic() + TIMING.finish_wait)
+            poll(lambda: store.check([BYE]) or self.ended(0, store), time.monotonic() + limit)
             self.set(LEFT.format(self.rank), "1")
 
     def wait_done(self, limit: float) -> dict:
@@ -201,6 +217,8 @@ class LaunchedGroup:
             for r in range(self.world):
                 if r not in done and store.check([DONE.format(r)]):
                     done[r] = json.loads(store.get(DONE.format(r)))
+                elif r not in done and self.ended(r, store):  # died: what failed there is unknown
+                    done[r] = []
             return len(done) == self.world
 
         poll(all_done, time.monotonic() + limit)

@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
+import signal
 import sys
 import time
 
@@ -22,6 +23,7 @@ from ..core.messages import Collected, Verdict
 from ..core.reports import RankReport
 from ..core.states import Backend, Phase
 from ..errors import NcclUsageError, RankSetupError
+from ..interrupts import stop_message
 from ..placement import place
 from ..session import item_budget
 from ..settings import MarkerArgs, parse_marker
@@ -242,7 +244,7 @@ class SpmdSession:
         self._publish_done()
         if self.rank != 0:
             return
-        done = self.group.wait_done(TIMING.finish_wait)
+        done = self.group.wait_done(self._finish_wait())
         mine = set(self.failed_here)
         for r, failed in sorted(done.items()):
             for nodeid in failed:
@@ -250,6 +252,11 @@ class SpmdSession:
                     self.elsewhere.setdefault(nodeid, []).append(r)
         if self.elsewhere and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _finish_wait(self) -> float:
+        """How long the session's end waits for the other ranks: briefly once interrupted (a rank may
+        be gone, and the launcher's or the scheduler's kill follows)."""
+        return TIMING.finish_wait if self.signals.got is None else TIMING.interrupted_finish_wait
 
     def _leaving(self) -> None:
         """This rank leaves before the session ends here (stuck in a test): what the end would do,
@@ -285,7 +292,7 @@ class SpmdSession:
             self.group.set(COLLECT.format(self.rank), Collected(gone=True).to_json())
             self.collected = True
         self._publish_done()
-        self.group.leave_together()
+        self.group.leave_together(self._finish_wait())
         self.group.destroy()
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -299,8 +306,9 @@ class SpmdSession:
         return f"t/{digest}/{n}"
 
     def _begin(self, item, bound: float) -> None:
+        self.signals.drain()
         run = TestRun(self.group, item.nodeid, self._key(item.nodeid), bound, self.nccl.settings.trace,
-                      leaving=self._leaving)
+                      leaving=self._leaving, poll_signals=self.signals.poll)
         run.running = True
         if run.trace:
             from ..rank import tracer
@@ -345,6 +353,8 @@ class SpmdSession:
         self.run = None
         if decided.recreate or decided.failed or dangling:
             self.group.need_group = True
+        if self.signals.got is not None and not decided.stop:  # got after rank 0 had decided
+            decided.stop = stop_message(run.nodeid, signal.Signals(self.signals.got).name)
         return decided
 
     def run_test(self, item: pytest.Function) -> bool:

@@ -1,6 +1,16 @@
-"""The signals a launched rank answers: SIGTERM from the launcher (one line saying which test this
-rank was in, then go), and the decider's interrupt of a test body that the bound caught outside any
-collective."""
+"""The signals a launched rank answers: an ending signal (Ctrl-C, SIGTERM, SIGHUP), and the decider's
+interrupt of a test body that the bound caught outside any collective.
+
+An ending signal during a marked test interrupts the test on every rank, as Ctrl-C does a forked
+group's: this rank notes it, its watchdog publishes it, rank 0's decider concludes the call as
+interrupted (where each rank was), and every rank stops after the test. The launcher forwards the
+signal it got (torchrun: the same one, to every rank), so a second one cannot be told from the
+forward: it is ignored, and ``TIMING.interrupt_wait`` after the first the rank ends regardless.
+The Python handler runs only when the main thread returns to Python (an NCCL rank may sit in
+``cudaStreamSynchronize``): the watchdog also reads the signal from the wakeup fd. Outside a marked
+test, SIGINT raises KeyboardInterrupt and SIGTERM or SIGHUP (the launcher stopping every rank after
+one exited with an error) says in one line which test this rank was in, then goes.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +19,11 @@ import signal
 import sys
 import threading
 
+from ..interrupts import ENDINGS_KEY
 from .group import INTERRUPT_SIGNAL
+from .timing import TIMING
+
+ENDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class BoundReached(BaseException):
@@ -24,13 +38,85 @@ class RankSignals:
     def __init__(self, session):
         self.session = session
         self.finishing = False       # the session is over here: SIGTERM is ignored
+        self.got: int | None = None  # the first ending signal
+        self._lock = threading.Lock()
+        self._wakeup = -1            # read end of the wakeup fd (signal numbers, written in C)
 
     def install(self) -> None:
         try:
-            signal.signal(signal.SIGTERM, self.on_sigterm)
+            for sig in ENDING:
+                signal.signal(sig, self.on_ending)
             signal.signal(INTERRUPT_SIGNAL, self.on_interrupt)
         except ValueError:  # not the main thread
-            pass
+            return
+        read, write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        except ValueError:
+            previous = -2
+        if previous != -1:  # the process has one already (its owner reads it): the handler alone
+            if previous >= 0:
+                signal.set_wakeup_fd(previous)
+            os.close(read)
+            os.close(write)
+            return
+        self._wakeup = read
+
+    def drain(self) -> None:
+        """Forget signals written before now (a marked test starts: they were handled already)."""
+        self._read_wakeup()
+
+    def _read_wakeup(self) -> bytes:
+        if self._wakeup < 0:
+            return b""
+        try:
+            return os.read(self._wakeup, 512)
+        except (BlockingIOError, OSError):
+            return b""
+
+    def poll(self) -> None:
+        """The watchdog thread, each tick of a marked test: an ending signal the main thread has not
+        handled yet (it waits in C++) is noted from here."""
+        for signum in self._read_wakeup():
+            if signum in ENDING and not (self.finishing and signum == signal.SIGTERM):
+                self._note(signum)
+
+    def _note(self, signum: int) -> bool:
+        """The first ending signal: the test in progress (if any) is interrupted; the session's end
+        ends the process by it (SIGTERM, SIGHUP), and so does a deadline. False for a later one."""
+        with self._lock:
+            if self.got is not None:
+                return False
+            self.got = signum
+        run = self.session.run
+        if run is not None:
+            run.interrupted_by = signal.Signals(signum).name
+        endings = self.session.config.stash.get(ENDINGS_KEY, None)
+        if endings is not None:
+            endings.note(signum)
+        threading.Thread(target=self._deadline, args=(signum,), name="pytest-nccl-interrupt-deadline",
+                         daemon=True).start()
+        return True
+
+    def _deadline(self, signum: int) -> None:
+        threading.Event().wait(TIMING.interrupt_wait)
+        self.session.say(f"{signal.Signals(signum).name}: the session did not end within "
+                         f"{TIMING.interrupt_wait:g} s; this rank ends now")
+        os._exit(128 + signum)
+
+    def on_ending(self, signum, frame):
+        """SIGINT, SIGTERM, SIGHUP in the main thread (module doc)."""
+        if self.got is not None:
+            return  # the launcher's forward of the first one, or a second: the deadline ends the rank
+        if self.finishing and signum == signal.SIGTERM:
+            return  # the launcher stopping every rank: this one leaves on its own, with its own exit code
+        if self.session.run is not None or self.finishing:
+            self._note(signum)
+            return
+        if signum == signal.SIGINT:
+            self._note(signum)
+            raise KeyboardInterrupt
+        self.on_sigterm(signum, frame)
 
     def ignore_sigterm(self) -> None:
         """From here on every rank's exit code is its own (ignored in C: Python's own handlers are
@@ -59,10 +145,7 @@ class RankSignals:
 
     def on_sigterm(self, signum, frame):
         """The launcher stops every rank when one exits with an error (or died): say in one line
-        which test this rank was in, then go. Once the session is over here, ignore it: this rank
-        leaves on its own, with its own exit code."""
-        if self.finishing:
-            return
+        which test this rank was in, then go."""
         where = self._where()
         try:
             capman = self.session.config.pluginmanager.get_plugin("capturemanager")
@@ -76,7 +159,7 @@ class RankSignals:
                     stream.flush()
             except Exception:  # in a signal handler: a stream may be anything by now
                 pass
-        self.session.say(f"the launcher stopped this rank (SIGTERM) {where}")
+        self.session.say(f"the launcher stopped this rank ({signal.Signals(signum).name}) {where}")
         os._exit(128 + signum)
 
     def on_interrupt(self, signum, frame):

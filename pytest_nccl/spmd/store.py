@@ -2,6 +2,7 @@
 
 Every key lives under ``pytest-nccl/<run id>/<restart>/`` (a PrefixStore):
 
+    proc/<rank>               the rank's process (``liveness.RankProcess``), from its start
     collect/<rank>            the rank's collected test ids (JSON), or {"gone": true}
     end/done/<rank>           unmarked tests that failed on that rank (JSON), at the end
     end/bye                   rank 0 has written its report
@@ -16,6 +17,7 @@ import time
 
 from .timing import TIMING
 
+PROC = "proc/{}"
 COLLECT = "collect/{}"
 DONE = "end/done/{}"
 BYE = "end/bye"
@@ -59,6 +61,10 @@ class TestKeys:
     @property
     def verdict(self) -> str:                # rank 0's verdict (pickled Verdict)
         return self._k("verdict")
+
+    @property
+    def interrupted(self) -> str:            # a rank got an ending signal (its name): rank 0 concludes
+        return self._k("interrupted")
 
 
 def naps(limit: float = TIMING.store_poll_max):

@@ -42,9 +42,10 @@ class TestRun:
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, group, nodeid: str, key: str, bound: float, trace: bool, leaving=lambda: None):
+    def __init__(self, group, nodeid: str, key: str, bound: float, trace: bool, leaving=lambda: None,
+                 poll_signals=lambda: None):
         self.group, self.nodeid, self.bound, self.trace = group, nodeid, bound, trace
-        self.leaving = leaving
+        self.leaving, self.poll_signals = leaving, poll_signals
         self.keys = TestKeys(key)
         self.rank, self.world = group.rank, group.world
         # the journal lives in memory (memfd): nothing is left behind by a rank that dies or is stuck
@@ -55,6 +56,7 @@ class TestRun:
         self.tracing = False
         self.interrupt = False                 # the decider aborted the test: interrupt the body
         self.bound_reached = False             # the interrupt was raised in the body once
+        self.interrupted_by = ""               # an ending signal this rank got during the test (its name)
         self.finished = threading.Event()      # the main thread has the verdict
         self.t0_wall = time.time()
         self.result: CallResult | None = None  # rank 0: what the decider concluded
@@ -89,9 +91,13 @@ class TestRun:
     def _watch(self) -> None:
         store, keys = self.group.wstore, self.keys
         pushed = 0
-        snapped = aborted = verdict_seen = False
+        snapped = aborted = verdict_seen = told = False
         next_push = 0.0
         while not self.finished.is_set():
+            self.poll_signals()
+            if self.interrupted_by and not told:  # rank 0's decider concludes the call as interrupted
+                told = True
+                store.set(keys.interrupted, self.interrupted_by)
             now = time.monotonic()
             if now >= next_push:
                 next_push = now + TIMING.journal_push

@@ -28,6 +28,8 @@ def apply_verdict(sp, item, run, decided: Verdict, raise_failure) -> bool:
     __tracebackhide__ = True
     if run.result is not None:
         item_outcome(item).result = run.result
+    if decided.stop:  # set whatever the outcome: an interrupted test that passed stops the session too
+        item.session.shouldstop = decided.stop
     if decided.status == RankState.PASSED:
         return True
     if decided.status == RankState.SKIPPED:
@@ -38,8 +40,6 @@ def apply_verdict(sp, item, run, decided: Verdict, raise_failure) -> bool:
         if raise_failure is not None and type(raise_failure).__name__ == "XFailed":
             raise raise_failure
         pytest.xfail(decided.message or "xfail on every rank")
-    if decided.stop:
-        item.session.shouldstop = decided.stop
     exc_class = exception_class(decided.exception)
     if _has_report(sp, run):
         _record(sp, item, run, decided)
@@ -53,10 +53,10 @@ def apply_verdict(sp, item, run, decided: Verdict, raise_failure) -> bool:
 def setup_failure_report(sp, item, rep, run, decided: Verdict) -> None:
     """The report of a rank that did not run the body, from the verdict: rank 0's carries the
     combined report, the others' stays quiet."""
-    if not decided.failed:
-        return
     if decided.stop:
         item.session.shouldstop = decided.stop
+    if not decided.failed:
+        return
     rep.outcome = "failed"
     if not _has_report(sp, run):
         said = decided.headline  # a harness verdict says "pytest-nccl:" itself; rank 0 says it once
