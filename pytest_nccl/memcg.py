@@ -1,6 +1,6 @@
 """Reads a process's memory cgroup and its OOM-kill counter from /proc and the cgroup mounts, for
 ``core.oom`` to decide on: the watch follows each rank of its node this way (``OomWatch``), and so
-does the forked mode for its rank processes. Nothing here is known where the files cannot be read
+do the forked groups their rank processes. Nothing here is known where the files cannot be read
 (no memory controller, another namespace): every answer is then None and no report says more."""
 
 from __future__ import annotations
@@ -52,6 +52,11 @@ class OomWatch:
             self.off = True
             return
         self.before = count(cgroup) if cgroup is not None else None
+
+    def restart(self) -> None:
+        """Count from now (a forked group's next call: a kill before it is not this call's)."""
+        self.seen = self.after = None
+        self.refresh()
 
     def ended(self) -> None:
         """The process was found dead: its cgroup's counter now (the kernel counts an OOM kill before

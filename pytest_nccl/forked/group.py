@@ -27,6 +27,7 @@ from ..core.referee import Referee
 from ..core.reports import CallOutcome, RankReport
 from ..core.states import RankState
 from ..errors import RankSetupError
+from ..memcg import OomWatch
 from .call import CallState, ForkedCall, file_size, journal_path, read_from
 from .timing import TIMING
 from .zygote_client import Zygote
@@ -52,6 +53,7 @@ class RankGroup:
         self.gpu_ids = gpu_ids  # physical device ids (the leaser maps them through CUDA_VISIBLE_DEVICES)
         self.device_of = device_of  # a rank's current CUDA device when the ranks share GPUs, else None
         self.pids: dict[int, int] = {}
+        self.memory: dict[int, OomWatch] = {}  # each rank's memory cgroup: an OOM kill is said as such
         self.conns: dict[int, Connection] = {}
         self.calls = itertools.count(1)
         self.healthy = False
@@ -87,6 +89,7 @@ class RankGroup:
                             cuda_device=self.device_of(rank) if self.device_of else None,
                             own_group=self.own_group)
             self.pids[rank] = self.zygote.fork(spec)
+            self.memory[rank] = OomWatch(self.pids[rank])
         hello: dict = {}
         while len(self.joined) + len(self.setup_errors) < self.world:
             left = deadline - time.monotonic()
@@ -148,6 +151,8 @@ class RankGroup:
         referee = Referee(self.world, bound, t0, trace=call.trace, flight_recorder=True)
         state = CallState(call, self.world, t0, time.time_ns(), referee, self.conns)
         transport = ForkedCall(self, state)
+        for memory in self.memory.values():
+            memory.restart()
         for conn in self.conns.values():
             try:
                 conn.send(RunCall(call))
@@ -238,6 +243,8 @@ class RankGroup:
             status = self.zygote.exits.get(self.pids.get(r, -1))
             if status is not None:
                 reports[r].exit_code, reports[r].signal_name = decode_wait_status(status)
+            if r in self.memory:
+                reports[r].oom = self.memory[r].killed(reports[r].signal_name, reports[r].exit_code)
 
     def health_check(self) -> bool:
         """Reuse only a group whose last call passed everywhere (run() clears ``healthy``
