@@ -287,7 +287,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, prog: str
 
 def run_command(ns, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """A parsed command, with Ctrl-C as exit 130."""
-    return interruptible(run, ns, out, err)
+    return interruptible(run, ns, out, err, sigterm=True)
 
 
 def interruptible(run_parsed: Callable, ns, out: TextIO | None, err: TextIO | None,
@@ -354,10 +354,15 @@ def run(ns, out: TextIO, *, err: TextIO | None = None, index=None, make_cache=No
             out.write(f"shard {ns.shard}: {', '.join(mine) or 'no release'}\n")
         reporter = TerminalReporter(out, total=len(mine), verbose=ns.verbose)
         prober = ReleaseProber(cache, by_version, config, reporter=reporter, step=step, **extra_kw)
-        swept = search.sweep(mine, prober)
-        if ns.results:  # for --merge
-            sweeps.SweptShard(ns.package, list(ns.pytest_args), base.torch_version or "", str(ns.shard or ""),
-                              versions, swept.probes).save(ns.results)
+        # for --merge: saved after every release, so that a job killed at its time limit keeps its verdicts
+        shard = sweeps.SweptShard(ns.package, list(ns.pytest_args), base.torch_version or "", str(ns.shard or ""),
+                                  versions) if ns.results else None
+        try:
+            swept = search.sweep(mine, prober, on_probe=shard.keep(ns.results) if shard else None)
+        except KeyboardInterrupt:
+            return _sweep_interrupted(ns, shard, out)
+        if shard is not None:
+            shard.save(ns.results)
         return _sweep_end(ns.package, swept, out)
 
     mode = search.direction(ns.good, ns.bad)
@@ -379,6 +384,19 @@ def run(ns, out: TextIO, *, err: TextIO | None = None, index=None, make_cache=No
     for ln in render_bisect(result, ns.package):
         out.write(ln + "\n")
     return EXIT_AMBIGUOUS if result.ambiguous else EXIT_FOUND
+
+
+def _sweep_interrupted(ns, shard: "sweeps.SweptShard | None", out: TextIO) -> int:
+    """Ctrl-C or SIGTERM during a sweep: the releases swept so far, and where they are kept."""
+    if shard is not None and shard.probes:
+        shard.save(ns.results)
+        done = sorted(shard.probes, key=Version)
+        for ln in render_sweep(search.SweepResult(done, dict(shard.probes)), ns.package):
+            out.write(ln + "\n")
+    kept = f": {ns.results} holds the {len(shard.probes)} release{'s' if len(shard.probes) != 1 else ''} swept" \
+        if shard is not None else ""
+    out.write(f"\ninterrupted{kept}\n")
+    return EXIT_INTERRUPTED
 
 
 def _sweep_end(package: str, swept: search.SweepResult, out: TextIO) -> int:

@@ -202,7 +202,14 @@ def bisect(versions: Sequence[str], good: str, bad: str, probe: Callable[[str], 
     return result
 
 
-def sweep(versions: Sequence[str], probe: Callable[[str], Probe]) -> SweepResult:
-    """Probe every version (ascending): one verdict each."""
+def sweep(versions: Sequence[str], probe: Callable[[str], Probe],
+          on_probe: Callable[[str, Probe], None] | None = None) -> SweepResult:
+    """Probe every version (ascending): one verdict each; ``on_probe(version, probe)`` after each (a
+    shard keeps what it swept, whatever ends it)."""
     ordered = sorted(versions, key=Version)
-    return SweepResult(versions=ordered, probes={v: probe(v) for v in ordered})
+    probes: dict[str, Probe] = {}
+    for v in ordered:
+        probes[v] = probe(v)
+        if on_probe is not None:
+            on_probe(v, probes[v])
+    return SweepResult(versions=ordered, probes=probes)

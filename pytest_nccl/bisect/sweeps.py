@@ -43,6 +43,13 @@ class SweptShard:
     def save(self, path: str | os.PathLike) -> None:
         save_atomically(path, self.dumps())
 
+    def keep(self, path: str | os.PathLike):
+        """``search.sweep``'s ``on_probe``: each verdict saved to ``path`` as it comes."""
+        def on_probe(version: str, probe: Probe) -> None:
+            self.probes[version] = probe
+            self.save(path)
+        return on_probe
+
     @classmethod
     def load(cls, path: str | os.PathLike) -> "SweptShard":
         """The shard in ``path``; ValueError with the one line to say."""
@@ -89,6 +96,6 @@ def merge_files(paths: Sequence[str], out: TextIO, err: TextIO) -> tuple[str, Sw
         err.write(f"pytest-nccl bisect: {e}\n")
         return None
     if unswept:
-        err.write(f"pytest-nccl bisect: not swept (a shard missing): {', '.join(unswept)}\n")
+        err.write(f"pytest-nccl bisect: not swept (a shard missing, or interrupted): {', '.join(unswept)}\n")
     out.write(f"merged {len(parts)} shard{'s' if len(parts) != 1 else ''}\n")
     return parts[0][1].package, result

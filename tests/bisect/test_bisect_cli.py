@@ -34,9 +34,9 @@ class FakeRunner:
         return RunOutcome(0, 2.0, Verdict.GOOD, None, [], log)
 
 
-def drive(argv, tmp_path, bad, builder=None, index=None):
+def drive(argv, tmp_path, bad, builder=None, index=None, runner=None):
     builder = builder or FakeBuilder()
-    runner = FakeRunner(bad)
+    runner = runner or FakeRunner(bad)
     out, err = io.StringIO(), io.StringIO()
     ns = cli.parse_args(argv)
     cache = EnvCache(tmp_path / "cache", builder, BASE)

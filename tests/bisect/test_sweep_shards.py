@@ -9,7 +9,7 @@ import io
 import json
 
 import pytest
-from test_bisect_cli import CPO_BAD, drive
+from test_bisect_cli import CPO_BAD, HEADLINE, FakeRunner, drive
 
 from pytest_nccl.bisect import cli
 
@@ -67,8 +67,39 @@ def test_a_shard_of_other_arguments_or_another_torch_is_refused_in_one_line(tmp_
 def test_a_missing_shard_is_said(tmp_path):
     shards(tmp_path, 2)
     code, out, err = merge(tmp_path, "s1.json")
-    assert err.startswith("pytest-nccl bisect: not swept (a shard missing): ") and err.count("\n") == 1
+    assert err.startswith("pytest-nccl bisect: not swept (a shard missing, or interrupted): ") and err.count("\n") == 1
     assert code in (0, 1) and "sweep:" in out
+
+
+class InterruptedRunner(FakeRunner):
+    """The job's time limit (SIGTERM, which the command takes as Ctrl-C) during the ``at``-th release."""
+
+    def __init__(self, bad, at: int, results):
+        super().__init__(bad)
+        self.at, self.results, self.saved = at, results, None
+
+    def __call__(self, python, args, **kwargs):
+        if len(self.calls) + 1 == self.at:
+            self.saved = sorted(json.loads(self.results.read_text())["probes"])  # what a SIGKILL would leave
+            raise KeyboardInterrupt
+        return super().__call__(python, args, **kwargs)
+
+
+def test_an_interrupted_shard_keeps_what_it_swept_and_the_merge_names_the_rest(tmp_path):
+    """A CI job killed at its time limit: the releases it swept are in its results file (saved after
+    each), its lines say so, and the merge runs on them, naming the releases no shard swept."""
+    argv = [*SWEEP, "--shard", "1/1", "--results", str(tmp_path / "s1.json"), "--", "suites/trl"]
+    runner = InterruptedRunner(CPO_BAD, at=3, results=tmp_path / "s1.json")
+    code, out, _, _ = drive(argv, tmp_path / "c", CPO_BAD, runner=runner)
+    assert code == cli.EXIT_INTERRUPTED and out.rstrip().endswith(f"interrupted: {tmp_path / 's1.json'} holds the "
+                                                                   "2 releases swept"), out
+    swept = [v for v, _ in runner.calls]
+    assert runner.saved == swept  # saved after each release, before any interrupt
+    assert sweep_lines(out)[1:3] == [f"  {swept[0]:<12} good", f"  {swept[1]:<12} bad    {HEADLINE}"], out
+    code, out, err = merge(tmp_path, "s1.json")
+    assert code == 1 and sweep_lines(out)[-1].startswith(f"bad: trl {swept[1]}"), out
+    assert err.startswith("pytest-nccl bisect: not swept (a shard missing, or interrupted): 0.15.0, ") \
+        and err.count("\n") == 1, err
 
 
 @pytest.mark.parametrize("argv, message", [
