@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from memcg_support import read
@@ -41,3 +44,32 @@ def test_a_plain_sigkill_of_a_rank_in_a_counted_cgroup_is_no_oom_kill(tmp_path, 
     assert f"rank 1 {how} after 3 collectives in group default, {LAST_PLACE}; rank 0 waits in all_reduce #4" \
            in run.text, run.text
     assert "OOM" not in run.text and parse_oom_kills(read(counter)) == 0, run.text
+
+
+def test_where_says_a_rank_the_oom_killer_took(tmp_path, small_memory_cgroup):
+    """``pytest-nccl where`` (SIGUSR1) words a dead rank as a verdict does: the OOM killer's, here a
+    real process in the small cgroup that the kernel killed, followed as the watch follows a rank."""
+    from pytest_nccl.core.states import RankState
+    from pytest_nccl.watch.engine.follow import Followed, LocalRank
+    from pytest_nccl.watch.engine.where import place_of
+    from pytest_nccl.watch.jobdir import RankInfo, process_start
+
+    directory, path, _ = small_memory_cgroup
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline(); held = []\n"
+                              "while True: held.append(b'\\x01' * (8 << 20))"], stdin=subprocess.PIPE)
+    try:
+        with open(os.path.join(directory, "cgroup.procs"), "w") as f:
+            f.write(str(child.pid))
+        rank = Followed(1, LocalRank(1, RankInfo(rank=1, pid=child.pid, start=process_start(child.pid)), str(tmp_path)))
+        child.stdin.write(b"go\n")
+        child.stdin.flush()
+        deadline = time.monotonic() + 60
+        while not rank.source.gone() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        rank.state = RankState.DEAD
+        line = place_of(rank, "", time.time()).line()
+        assert line.startswith(f"rank 1: killed by the kernel's OOM killer (SIGKILL; its memory cgroup {path} "
+                               "counted 1 OOM kill)"), line
+    finally:
+        child.kill()
+        child.wait()

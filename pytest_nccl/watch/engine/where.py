@@ -15,6 +15,7 @@ from ...core.diagnosis.wording import rank_list, waiting_for, where
 from ...core.records import CollectiveRecord, RankView
 from ...core.states import RankState, RecordState
 from .follow import Followed
+from .rankreport import report_of
 
 SHOWN_RANKS = 32  # ranks listed one a line; the rest in one line (the slowest and longest waits are named)
 
@@ -62,6 +63,10 @@ def place_of(f: Followed, stack: str, wall_now: float) -> RankPlace:
                     records=f.records, stack=stack)
     if f.exit is not None:
         view.exit_code, view.signal_name, view.message = f.exit.exit_code, f.exit.signal_name, f.exit.message
+    if view.status == RankState.DEAD:  # how it ended as a verdict says it (its signal, the OOM killer)
+        ended = report_of(f.rank, f, None, 0.0, None)
+        if ended.signal_name is not None or ended.exit_code is not None:
+            view.exit_code, view.signal_name, view.oom = ended.exit_code, ended.signal_name, ended.oom
     pending = view.current if view.status == RankState.RUNNING else None
     last = next((r for r in reversed(f.records) if r.state == RecordState.COMPLETED), None)
     waited = max(0.0, wall_now - (f.info.t0 + pending.t_start)) if pending is not None and f.info.t0 else None
