@@ -94,6 +94,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the releases to consider, comma or space separated, instead of the index's list")
     p.add_argument("--shard", metavar="K/N", help="with --sweep: only this job's share of the releases (K of N)")
     p.add_argument("--results", metavar="FILE", help="with --sweep: write the verdicts here (JSON), for --merge")
+    p.add_argument("--balance", metavar="FILE", nargs="+", help="with --shard: share the releases by the seconds "
+                   "they took in these earlier shards' --results (default: in turn)")
     p.add_argument("--merge", metavar="FILE", nargs="+", help="print the sweep of these shards' --results; run nothing")
     add_release_options(p)
     p.add_argument("--no-check-bounds", action="store_true",
@@ -170,7 +172,7 @@ def check_args(parser: argparse.ArgumentParser, ns: argparse.Namespace, pytest_a
     """What argparse alone cannot check; ``parser.error`` (one line, exit 2) for what is wrong."""
     ns.pytest_args = pytest_args
     if ns.merge is not None:
-        if ns.package or pytest_args or ns.shard or ns.results or ns.good or ns.bad or ns.from_ or ns.to:
+        if ns.package or pytest_args or ns.shard or ns.results or ns.balance or ns.good or ns.bad or ns.from_ or ns.to:
             parser.error("--merge takes the sweep shards' results files only")
         return ns
     if not ns.package:
@@ -196,10 +198,13 @@ def check_args(parser: argparse.ArgumentParser, ns: argparse.Namespace, pytest_a
         parser.error("--good and --bad are the same version")
     if not pytest_args:
         parser.error("give the pytest selection after '--', e.g. -- suites/trl -k cpo")
-    if (ns.shard or ns.results) and not ns.sweep:
-        parser.error("--shard and --results are for --sweep")
+    if (ns.shard or ns.results or ns.balance) and not ns.sweep:
+        parser.error("--shard, --results and --balance are for --sweep")
+    if ns.balance and not ns.shard:
+        parser.error("--balance shares the releases among shards: give --shard K/N too")
     try:
         ns.shard = parse_shard(ns.shard) if ns.shard else None
+        ns.balance_seconds = sweeps.release_seconds([sweeps.SweptShard.load(p) for p in ns.balance or ()])
     except ValueError as e:
         parser.error(str(e))
     check_release_options(parser, ns)
@@ -349,9 +354,10 @@ def run(ns, out: TextIO, *, err: TextIO | None = None, index=None, make_cache=No
     by_version = {r.version: r for r in releases}
 
     if ns.sweep:
-        mine = share(versions, ns.shard) if ns.shard else versions
+        mine = share(versions, ns.shard, ns.balance_seconds) if ns.shard else versions
         if ns.shard:
-            out.write(f"shard {ns.shard}: {', '.join(mine) or 'no release'}\n")
+            how = f"by the seconds of {', '.join(ns.balance)}" if ns.balance_seconds else "in turn"
+            out.write(f"shard {ns.shard}: {', '.join(mine) or 'no release'} ({how})\n")
         reporter = TerminalReporter(out, total=len(mine), verbose=ns.verbose)
         prober = ReleaseProber(cache, by_version, config, reporter=reporter, step=step, **extra_kw)
         # for --merge: saved after every release, so that a job killed at its time limit keeps its verdicts

@@ -70,6 +70,11 @@ class SweptShard:
             raise ValueError(f"cannot read {path}: malformed sweep: {type(e).__name__}: {e}") from None
 
 
+def release_seconds(shards: Sequence[SweptShard]) -> dict[str, float]:
+    """Seconds each release took in earlier shards (its env's build and its tests), for ``--balance``."""
+    return {v: (p.install_seconds or 0.0) + (p.test_seconds or 0.0) for s in shards for v, p in s.probes.items()}
+
+
 def merge(parts: Sequence[tuple[str, SweptShard]]) -> tuple[SweepResult, list[str]]:
     """The sweep of every shard's releases, and the releases no shard swept (a missing shard's)."""
     if not parts:

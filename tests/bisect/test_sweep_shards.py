@@ -117,3 +117,36 @@ def test_a_file_that_is_not_a_sweep_is_one_line(tmp_path):
     (tmp_path / "m.json").write_text('{"schema": 1, "package": "trl"}')
     code, _, err = merge(tmp_path, "m.json")
     assert code == 2 and err.count("\n") == 1 and "is not a sweep's results file" in err
+
+
+def test_balanced_shards_share_the_releases_by_their_earlier_seconds(tmp_path):
+    """``--balance`` with the earlier shards' files: each release once, the slowest first to the least
+    loaded shard, as the matrix shares them; the merge is the one-machine sweep all the same."""
+    _, whole, _, _ = drive([*SWEEP, "--", "suites/trl"], tmp_path / "whole", CPO_BAD)
+    shards(tmp_path, 2)
+    for k in (1, 2):  # earlier runs: 0.16.1 took far longest
+        doc = json.loads((tmp_path / f"s{k}.json").read_text())
+        for v, probe in doc["probes"].items():
+            probe["install_seconds"], probe["test_seconds"] = (100.0, 50.0) if v == "0.16.1" else (10.0, 5.0)
+        (tmp_path / f"s{k}.json").write_text(json.dumps(doc))
+    ran = {}
+    for k in (1, 2):
+        argv = [*SWEEP, "--shard", f"{k}/2", "--balance", str(tmp_path / "s1.json"), str(tmp_path / "s2.json"),
+                "--results", str(tmp_path / f"b{k}.json"), "--", "suites/trl"]
+        _, out, _, runner = drive(argv, tmp_path / f"bc{k}", CPO_BAD)
+        assert f"(by the seconds of {tmp_path / 's1.json'}, {tmp_path / 's2.json'})" in out, out
+        ran[k] = [v for v, _ in runner.calls]
+    # 0.16.1 (150 s) alone on shard 1 until shard 2 holds as much (ten releases of 15 s), then the tie to 1
+    assert ran[1] == ["0.16.1", "0.19.0"] and len(ran[2]) == 10 and not set(ran[1]) & set(ran[2]), ran
+    code, out, err = merge(tmp_path, "b1.json", "b2.json")
+    assert err == "" and sweep_lines(out) == sweep_lines(whole)
+
+
+def test_balance_without_a_shard_or_with_a_file_not_a_sweep_is_one_line(tmp_path, capsys):
+    (tmp_path / "m.json").write_text('{"schema": 1, "package": "trl"}')
+    for argv, message in (([*SWEEP, "--balance", str(tmp_path / "m.json"), "--", "x"], "give --shard K/N too"),
+                          ([*SWEEP, "--shard", "1/2", "--balance", str(tmp_path / "m.json"), "--", "x"],
+                           "is not a sweep's results file")):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
