@@ -28,7 +28,8 @@ class CallState(enum.Enum):
 FAILED_GRACE = 1.0
 LIBRARY = "vLLM's weight-sync group"  # how a headline names the group (with its store)
 # a member this watch has no note of, once the group was made: it connected, elsewhere (the other
-# command of a trainer and a server each under its own watch); said, never taken as absent
+# command of a trainer and a server each under its own watch, when their watches could not share
+# their notes through the group's store: ``core.sidejoin``); said, never taken as absent
 UNSEEN = "not seen by this watch (a process of another command or node)"
 WILDCARDS = ("0.0.0.0:", "[::]:", ":")  # a server's listening address (TRL's workers): not the group's name
 
@@ -76,9 +77,11 @@ class SideCall:
 
 @dataclass(frozen=True)
 class SideVerdict:
-    """A side group's verdict: its one line, and the report (where each member is)."""
+    """A side group's verdict: its one line, the report (where each member is), and the group's key
+    (``group_key``: the verdict a watch shares with the other watches of the group)."""
     headline: str
     report: str
+    group: tuple = ()
 
 
 def _call(n: SideCall) -> str:
@@ -113,7 +116,7 @@ def _members(ranks) -> str:
 def _report(headline: str, group: str, notes: list, alive: dict) -> SideVerdict:
     lines = [headline, "", f"-- where each member of {group} is --"]
     lines += [f"  member {n.member} (pid {n.pid}): {_place(n, alive.get(n.pid, True))}" for n in notes]
-    return SideVerdict(headline, "\n".join(lines))
+    return SideVerdict(headline, "\n".join(lines), group_key(notes[0]))
 
 
 class Stall(enum.Enum):
@@ -135,12 +138,18 @@ class _Stalled:
     absent: list
 
 
+def group_key(n: SideCall) -> tuple:
+    """The group a note belongs to: its store's port and its size. Not the whole address: a server
+    listening on every address (``0.0.0.0:P``) and its clients (``HOST:P``) name one store apart."""
+    return n.store.rsplit(":", 1)[-1], n.world
+
+
 def _groups(notes: list):
     """(the group's name, its size, its members' notes by member), per group."""
     groups: dict = {}
-    for n in notes:  # one host's notes: a port names one store (its members may name its host apart)
+    for n in notes:  # one host's notes, or one store's watches': a port names one store
         if n.store and n.world > 0:
-            groups.setdefault((n.store.rsplit(":", 1)[-1], n.world), {})[n.member] = n
+            groups.setdefault(group_key(n), {})[n.member] = n
     for _, by_member in sorted(groups.items()):
         members = [by_member[m] for m in sorted(by_member)]
         named = [n.store for n in members if not n.store.startswith(WILDCARDS)]

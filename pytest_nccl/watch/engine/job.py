@@ -122,6 +122,7 @@ class Engine:
     def close(self) -> None:
         self.monitor.close()
         self.worlds.close()
+        self.side_calls.close()
 
     # -- while the job runs -----------------------------------------------------------------------------
     def tick(self, now: float) -> bool:
@@ -153,6 +154,7 @@ class Engine:
                 self._report_attempt(finding, self._attempt())
         self.monitor.close()
         self.worlds.close()
+        self.side_calls.close()
         self.attempt, self.attempt_done = max(newer), False
         self.joining = JoiningProcesses(self.attempt_dir)
         self.side_calls = SideCalls(self.attempt_dir)
