@@ -288,7 +288,7 @@ def test_a_healthy_sync_is_untouched(tmp_path, how, workers):
     assert s is not None and not s["verdict"] and s["exit_code"] == 0 and not s["peers_missing"], s
 
 
-def watch_two_commands(tmp_path: Path, case: str, workers: int = 1):
+def watch_two_commands(tmp_path: Path, case: str, workers: int = 1, **env):
     """``trl vllm-serve``'s stand-in under one watch, TRL's trainer under another, at once."""
     import threading
 
@@ -303,7 +303,7 @@ def watch_two_commands(tmp_path: Path, case: str, workers: int = 1):
         where.mkdir()
         started = time.time()
         run = run_watch(where, ["python", str(JOB), case, how, str(workers), *ports], "--timeout", f"{TIMEOUT:g}",
-                        pythonpath=paths)
+                        pythonpath=paths, **env)
         runs[how] = (run, started + run.elapsed)
 
     threads = [threading.Thread(target=one, args=("trl-server", vllm_paths())),
@@ -315,25 +315,62 @@ def watch_two_commands(tmp_path: Path, case: str, workers: int = 1):
     return runs["trl-server"], runs["trl-trainer"]
 
 
+# the two watches met in the group's store (``watch/engine/sidejoin.py``'s trace)
+JOINED = re.compile(r"^\[watch [\d.]+\] side group \S+: 2 watches publish there$", re.M)
+
+
 @needs_vllm
 def test_two_commands_each_under_its_own_watch_healthy_are_untouched(tmp_path):
     """The server's command (``trl vllm-serve``) makes no c10d group at all: its watch ends as a healthy
-    job's does, as the trainer's."""
-    for run, _ in watch_two_commands(tmp_path, "good"):
+    job's does, as the trainer's; the two watches met in the group's store and left it untouched."""
+    for run, _ in watch_two_commands(tmp_path, "good", PYTEST_NCCL_WATCH_DEBUG="1"):
         assert run.code == 0 and "=====" not in run.stderr and "synced" in run.stdout, run.text
         assert watch_lines(run) == [], run.stderr
+        assert JOINED.search(run.stderr), run.stderr
+        s = run.summary
+        assert s is not None and not s["verdict"] and s["exit_code"] == 0 and not s["peers_missing"], s
+
+
+def assert_one_verdict(server, server_end, trainer, trainer_end, pattern: str) -> str:
+    """Both watches give the group's one verdict, in the same words, each within --timeout (+ 5 s) of
+    the last step a member made; the members of the other command are no longer 'not seen'."""
+    assert_verdict(server, server_end, pattern)
+    assert_verdict(trainer, trainer_end, pattern)
+    heads = [run.stderr.strip().splitlines()[-1] for run in (server, trainer)]
+    assert heads[0] == heads[1], heads
+    for run in (server, trainer):
+        assert "not seen by this watch" not in run.stderr, run.stderr
+    # the store's host (the server's worker 0) ended last: the trainer's call never saw it go
+    assert "Connection was likely closed" not in trainer.stderr, trainer.stderr
+    return heads[0]
 
 
 @needs_vllm
-def test_two_commands_each_under_its_own_watch_name_their_members_and_not_the_others(tmp_path):
+def test_two_commands_each_under_its_own_watch_give_one_verdict_on_a_skipped_broadcast(tmp_path):
+    """The trainer (member 1, its own command) skips a broadcast: both watches name the server worker's
+    wait in the broadcast, with its line, and the trainer's barrier, with its line."""
     (server, server_end), (trainer, trainer_end) = watch_two_commands(tmp_path, "skip-broadcast")
-    unseen = r"is not seen by this watch \(a process of another command or node\)"
-    # the server's watch sees the workers only: their store as they name it, listening on every address
-    anywhere = r"vLLM's weight-sync group at 0\.0\.0\.0:\d+"
-    assert_verdict(server, server_end, rf"member 0 waited {TIMEOUT} s \(--timeout\) with no progress in broadcast "
-                   rf"#4 of {anywhere} \[4\] float32 src=1 from {SITE}:\d+; member 1 {unseen}")
-    assert_verdict(trainer, trainer_end, rf"member 1 waited {TIMEOUT} s \(--timeout\) with no progress in barrier "
-                   rf"#4 of {GROUP} from {SITE}:\d+; member 0 {unseen}")
+    worker_site = f"{SITE}:{line_in(JOB, 'self.pynccl_comm.broadcast(weight, src=self.client_rank)')}"
+    barrier = f"{SITE}:{line_in(JOB, 'client.pynccl_comm.group.barrier()  # SKIPPED')}"
+    assert_one_verdict(server, server_end, trainer, trainer_end,
+                       rf"member 1 never entered broadcast #4 of {GROUP}: member 1 is in barrier #4 from {barrier}; "
+                       rf"member 0 waited {TIMEOUT} s \(--timeout\) with no progress in broadcast #4 \[4\] float32 "
+                       rf"src=1 from {worker_site}$")
+    for run in (server, trainer):  # where each member is, of both commands
+        assert re.search(rf"^  member 0 \(pid \d+\): in broadcast #4 \[4\] float32 src=1 from {worker_site}$",
+                         run.stderr, re.M), run.stderr
+        assert re.search(rf"^  member 1 \(pid \d+\): in barrier #4 from {barrier}$", run.stderr, re.M), run.stderr
+
+
+@needs_vllm
+def test_two_commands_each_under_its_own_watch_give_one_verdict_on_a_member_that_never_connects(tmp_path):
+    """The server's second worker (member 1) never joins; member 0 (the server's first worker, the
+    store's host) and the trainer (member 2) wait in the group's creation: both watches count the
+    two that joined and name the one that never did (before: each counted its own only)."""
+    (server, server_end), (trainer, trainer_end) = watch_two_commands(tmp_path, "never-joins", workers=2)
+    assert_one_verdict(server, server_end, trainer, trainer_end,
+                       rf"2 of 3 members joined {GROUP}; member 1 never connected \(the others waited {TIMEOUT} s, "
+                       rf"--timeout: 0: pid \d+, 2: pid \d+\); created at {SITE}:\d+")
 
 
 @needs_vllm

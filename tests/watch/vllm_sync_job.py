@@ -11,7 +11,8 @@ as in TRL) and the server's workers (``multiprocessing`` children, members 0..N-
   ``/close_communicator/``) and its workers' ``WeightSyncWorkerExtension`` copied from TRL's
   ``trl/scripts/vllm_serve.py``. HOW ``plain``: the trainer makes the same calls itself (TRL's lines).
 - HOW ``trl-server`` and ``trl-trainer``: the two commands a user runs (``trl vllm-serve`` and the
-  training script), each started on its own (under its own watch).
+  training script), each started on its own (under its own watch); the trainer's step between its
+  two syncs takes ``STEP`` seconds.
 - CASE ``good``; ``never-joins`` (the last worker never joins the group); ``skip-broadcast`` (the
   trainer posts an update and goes to the barrier without broadcasting: the workers wait in it);
   ``barrier-timeout`` (the trainer never reaches the barrier after its second broadcast; the
@@ -29,6 +30,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import torch
 
 BARRIER_TIMEOUT = 3.0
+STEP = 4.0  # the trainer's step between two syncs when it is a command of its own (its watch and the
+            # server's meet in the group's store meanwhile: each imports torch first)
 
 
 def mark(what: str) -> None:
@@ -129,7 +132,7 @@ def serve(connections: list, workers: int, http_port: int, closed: threading.Eve
     return server
 
 
-def trl_client(case: str, http_port: int, group_port: int) -> None:
+def trl_client(case: str, http_port: int, group_port: int, step: float = 0.0) -> None:
     import importlib
 
     # TRL 0.19 reads transformers' package probe as a bool; newer transformers return a tuple,
@@ -144,10 +147,12 @@ def trl_client(case: str, http_port: int, group_port: int) -> None:
     mark("trainer creates")
     client.init_communicator()
     print(f"trainer joined at {time.time()}", flush=True)
-    for step in range(2):
-        weights = torch.full((4,), float(step + 1))
-        mark(f"trainer sends w{step}")
-        if case in ("skip-broadcast", "barrier-timeout") and step == 1:  # update_named_param's lines, one left out
+    for n in range(2):
+        if n:
+            time.sleep(step)  # a training step between two syncs
+        weights = torch.full((4,), float(n + 1))
+        mark(f"trainer sends w{n}")
+        if case in ("skip-broadcast", "barrier-timeout") and n == 1:  # update_named_param's lines, one left out
             client.session.post(f"{client.base_url}/update_named_param/",
                                 json={"name": "w1", "dtype": str(weights.dtype), "shape": [4]})
             if case == "barrier-timeout":
@@ -155,7 +160,7 @@ def trl_client(case: str, http_port: int, group_port: int) -> None:
                 time.sleep(600)  # BUSY: never reaches the barrier
             client.pynccl_comm.group.barrier()  # SKIPPED: the broadcast of w1 is not made
         else:
-            client.update_named_param(f"w{step}", weights)
+            client.update_named_param(f"w{n}", weights)
     client.close_communicator()
 
 
@@ -189,8 +194,8 @@ def plain_trainer(case: str, connections: list, workers: int, group_port: int) -
 
 def main() -> int:
     case, how, workers, group_port = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    if how == "trl-trainer":  # the trainer alone: the server is another command
-        trl_client(case, int(sys.argv[5]), group_port)
+    if how == "trl-trainer":  # the trainer alone: the server is another command; its steps take seconds
+        trl_client(case, int(sys.argv[5]), group_port, step=STEP)
         print("synced", flush=True)
         return 0
     ctx = multiprocessing.get_context("spawn")
