@@ -106,6 +106,7 @@ class RankSignals:
 
     def on_ending(self, signum, frame):
         """SIGINT, SIGTERM, SIGHUP in the main thread (module doc)."""
+        __tracebackhide__ = True  # pytest names where the main thread was, not this handler
         if self.got is not None:
             return  # the launcher's forward of the first one, or a second: the deadline ends the rank
         if self.finishing and signum == signal.SIGTERM:
