@@ -261,3 +261,26 @@ def test_spmd_sigterm_to_one_rank_stuck_in_cxx_is_read_from_the_wakeup_fd(pytest
     assert "Interrupted: SIGTERM while test_inner.py::test_hangs ran" in out, out
     # rank 1 cannot be released from its C++ wait (TIMING.release_wait, 5 s): it is said, and it goes
     assert "rank 1 could not be released" in out and code != 0 and took < REPORT_WITHIN + 5, (code, took, out)
+
+
+def test_spmd_ctrl_c_in_an_unmarked_test_stops_every_rank_at_the_users_line(pytester):
+    """Outside a marked test a rank's Ctrl-C is pytest's own: said at the user's line, the session
+    stopped on every rank, the launcher's forward of it taking nothing further."""
+    source = """
+import os, time
+
+
+def test_sleeps():
+    with open(f"ready.{os.environ['RANK']}", "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(600)  # the user's line
+
+
+def test_never_runs():
+    pass
+"""
+    out, code, took = interrupt(pytester, source, ready=2, launcher=torchrun(2), group=True)
+    line = line_in(pytester.path / "test_inner.py", "# the user's line")
+    assert f"test_inner.py:{line}: KeyboardInterrupt" in out and "no tests ran" in out, out
+    assert "Traceback" not in out.split("no tests ran")[0], out  # no second interrupt's (torchrun's own follows)
+    assert code != 0 and took < REPORT_WITHIN, (code, took, out)
