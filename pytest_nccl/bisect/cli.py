@@ -36,10 +36,20 @@ from packaging.version import InvalidVersion, Version
 from ..usage import Parser, UsageError, report
 from . import builders, search, sweeps
 from . import envs as envs_mod
+from .exits import (  # noqa: F401 (the statuses, as the tests and callers name them: cli.EXIT_...)
+    EXIT_AMBIGUOUS,
+    EXIT_BOUNDS,
+    EXIT_ENVIRONMENT,
+    EXIT_FOUND,
+    EXIT_INDEX,
+    EXIT_INTERRUPTED,
+    EXIT_NOTHING_TESTABLE,
+    EXIT_USAGE,
+)
 from .heartbeat import Heartbeat
 from .matrix.shards import parse_shard, share
 from .prober import ProbeConfig, ReleaseProber, tooling_requirements
-from .progress import TerminalReporter, render_bisect, render_sweep
+from .progress import TerminalReporter, render_bisect
 from .search import BoundsError
 from .versions import (
     Index,
@@ -52,14 +62,6 @@ from .versions import (
     select_range,
 )
 
-EXIT_FOUND = 0
-EXIT_AMBIGUOUS = 1
-EXIT_USAGE = 2
-EXIT_BOUNDS = 3
-EXIT_INDEX = 4
-EXIT_NOTHING_TESTABLE = 5
-EXIT_ENVIRONMENT = 6
-EXIT_INTERRUPTED = 130
 PROG = "pytest-nccl bisect"
 RUN_TIMEOUT = 1800.0
 
@@ -324,7 +326,7 @@ def run(ns, out: TextIO, *, err: TextIO | None = None, index=None, make_cache=No
     err = err or sys.stderr
     if ns.merge is not None:
         merged = sweeps.merge_files(ns.merge, out, err)
-        return EXIT_USAGE if merged is None else _sweep_end(*merged, out)
+        return EXIT_USAGE if merged is None else sweeps.end(*merged, out)
     ns.index = index
     try:
         releases = _list_releases(ns, out)
@@ -366,10 +368,10 @@ def run(ns, out: TextIO, *, err: TextIO | None = None, index=None, make_cache=No
         try:
             swept = search.sweep(mine, prober, on_probe=shard.keep(ns.results) if shard else None)
         except KeyboardInterrupt:
-            return _sweep_interrupted(ns, shard, out)
+            return sweeps.interrupted(ns.package, ns.results, shard, out)
         if shard is not None:
             shard.save(ns.results)
-        return _sweep_end(ns.package, swept, out)
+        return sweeps.end(ns.package, swept, out)
 
     mode = search.direction(ns.good, ns.bad)
     out.write(f"{mode.value}: good {ns.good}, bad {ns.bad} -> looking for the {mode.label} release\n")
@@ -390,25 +392,3 @@ def run(ns, out: TextIO, *, err: TextIO | None = None, index=None, make_cache=No
     for ln in render_bisect(result, ns.package):
         out.write(ln + "\n")
     return EXIT_AMBIGUOUS if result.ambiguous else EXIT_FOUND
-
-
-def _sweep_interrupted(ns, shard: "sweeps.SweptShard | None", out: TextIO) -> int:
-    """Ctrl-C or SIGTERM during a sweep: the releases swept so far, and where they are kept."""
-    if shard is not None and shard.probes:
-        shard.save(ns.results)
-        done = sorted(shard.probes, key=Version)
-        for ln in render_sweep(search.SweepResult(done, dict(shard.probes)), ns.package):
-            out.write(ln + "\n")
-    kept = f": {ns.results} holds the {len(shard.probes)} release{'s' if len(shard.probes) != 1 else ''} swept" \
-        if shard is not None else ""
-    out.write(f"\ninterrupted{kept}\n")
-    return EXIT_INTERRUPTED
-
-
-def _sweep_end(package: str, swept: search.SweepResult, out: TextIO) -> int:
-    """The sweep's lines and its exit status (one machine's or merged shards')."""
-    for ln in render_sweep(swept, package):
-        out.write(ln + "\n")
-    if not swept.good and not swept.bad:
-        return EXIT_NOTHING_TESTABLE
-    return 1 if swept.bad else 0

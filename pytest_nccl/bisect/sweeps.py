@@ -2,7 +2,8 @@
 of the releases (the matrix's split: ``matrix/shards.py``) and writes its verdicts; ``--merge
 A.json B.json ...`` prints the sweep of them all, as one machine's sweep prints it, and exits as it
 would. Shards made for another package, other pytest arguments or another torch, and a release
-swept twice, are refused in one line. File reads and writes only: tested on data.
+swept twice, are refused in one line. A sweep's closing lines and exit status (``end``; ``interrupted``:
+what ran, and where it is kept). File reads and writes only: tested on data.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from typing import Sequence, TextIO
 
 from packaging.version import Version
 
+from .exits import EXIT_INTERRUPTED, EXIT_NOTHING_TESTABLE
 from .matrix.results import save_atomically
 from .matrix.shards import MergeError, same_run
+from .progress import render_sweep
 from .search import Probe, SweepResult, Verdict
 
 SCHEMA = 1
@@ -104,3 +107,25 @@ def merge_files(paths: Sequence[str], out: TextIO, err: TextIO) -> tuple[str, Sw
         err.write(f"pytest-nccl bisect: not swept (a shard missing, or interrupted): {', '.join(unswept)}\n")
     out.write(f"merged {len(parts)} shard{'s' if len(parts) != 1 else ''}\n")
     return parts[0][1].package, result
+
+
+def end(package: str, swept: SweepResult, out: TextIO) -> int:
+    """The sweep's lines and its exit status (one machine's or merged shards')."""
+    for ln in render_sweep(swept, package):
+        out.write(ln + "\n")
+    if not swept.good and not swept.bad:
+        return EXIT_NOTHING_TESTABLE
+    return 1 if swept.bad else 0
+
+
+def interrupted(package: str, results: str | None, shard: SweptShard | None, out: TextIO) -> int:
+    """Ctrl-C or SIGTERM during a sweep: the releases swept so far, and where they are kept."""
+    if shard is not None and results and shard.probes:
+        shard.save(results)
+        done = sorted(shard.probes, key=Version)
+        for ln in render_sweep(SweepResult(done, dict(shard.probes)), package):
+            out.write(ln + "\n")
+    kept = f": {results} holds the {len(shard.probes)} release{'s' if len(shard.probes) != 1 else ''} swept" \
+        if shard is not None else ""
+    out.write(f"\ninterrupted{kept}\n")
+    return EXIT_INTERRUPTED
