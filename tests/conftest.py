@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 from memcg_support import small_memory_cgroup  # noqa: F401 (a fixture: tests of the OOM killer's kills)
+from spmd_support import launch  # noqa: F401 (a fixture: pytest under torchrun, SPMD mode)
 
 # The inner sessions write gate reports: on GitHub Actions they would land in the real job summary
 # (a test of the summary sets its own). Removed at import, so every subprocess inherits it too.

@@ -4,21 +4,14 @@ bounded in time, after which no process carrying the run's tag may be alive."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import socket
-import subprocess
-import sys
-import textwrap
-import time
-import uuid
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import assert_no_leftovers, line_of
+from conftest import line_of
+from spmd_support import Launched
 
 from pytest_nccl import spmd
 from pytest_nccl.core.messages import Collected
@@ -27,10 +20,6 @@ from pytest_nccl.spmd.collection import collection_difference
 from pytest_nccl.spmd.release import abort_connections
 
 REPO = Path(__file__).resolve().parents[1]
-LAUNCH_TIMEOUT = 150  # one torchrun run; longer is itself a hang
-# what an outer launcher or session could leak into the inner runs
-DROP_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-            "GROUP_RANK", "ROLE_RANK", "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT")
 
 SPMD_CASES = """
 import os
@@ -97,96 +86,6 @@ def test_j_never_runs(rank):
 """
 
 
-@dataclass
-class Launched:
-    outputs: list[str]     # per launcher: its stdout and stderr (torchrun passes the ranks' through)
-    codes: list[int]
-    elapsed: float
-    tag: str
-
-    @property
-    def text(self) -> str:
-        return "\n".join(self.outputs)
-
-    @property
-    def reported_once_text(self) -> str:
-        """All output but the short test summary, whose lines repeat a headline in full where pytest
-        does not truncate them (CI=true)."""
-        return "\n".join(line for line in self.text.splitlines() if not line.startswith(("FAILED ", "ERROR ")))
-
-    @property
-    def report(self) -> str:
-        """The output of the launcher that printed the session (rank 0's)."""
-        reports = [o for o in self.outputs if "test session starts" in o]
-        assert len(reports) == 1, self.text
-        return reports[0]
-
-    def section(self, test_name: str) -> str:
-        lines = self.report.splitlines()
-        start = next((i for i, line in enumerate(lines) if line.startswith("_") and f" {test_name} " in line), None)
-        if start is None:
-            return ""
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith(("___", "==="))), len(lines))
-        return "\n".join(lines[start:end])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def launch(pytester: pytest.Pytester):
-    """Write ``source`` as test_inner.py and run it under torchrun: ``nodes`` launchers of ``nproc``
-    ranks each. Afterwards no process of the run (tagged through the environment, which torchrun's
-    ranks inherit) may be alive."""
-    tags = []
-
-    def run(source: str, *args: str, nodes: int = 1, nproc: int = 2, files: dict | None = None) -> Launched:
-        tag = uuid.uuid4().hex
-        tags.append(tag)
-        if source:
-            pytester.makepyfile(test_inner=textwrap.dedent(source))
-        for name, text in (files or {}).items():
-            pytester.makepyfile(**{name: textwrap.dedent(text)})
-        env = {k: v for k, v in os.environ.items() if k not in DROP_ENV and not k.startswith("TORCHELASTIC_")}
-        env.update(PYTEST_NCCL_TEST_TAG=tag, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-        port = _free_port()
-        runner = [sys.executable, "-m", "torch.distributed.run"]
-        if nodes == 1:
-            runner += [f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1", f"--master-port={port}"]
-        else:
-            runner += [f"--nnodes={nodes}", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
-                       f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={tag}"]
-        command = runner + ["-m", "pytest", "-p", "no:cacheprovider", "-rA", *args]
-        t0 = time.monotonic()
-        procs = [subprocess.Popen(command, cwd=pytester.path, env=env, stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                  start_new_session=True) for _ in range(nodes)]
-        outputs, codes = [], []
-        try:
-            for proc in procs:
-                out, _ = proc.communicate(timeout=max(1.0, LAUNCH_TIMEOUT - (time.monotonic() - t0)))
-                outputs.append(out)
-                codes.append(proc.returncode)
-        except subprocess.TimeoutExpired:
-            for proc in procs:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            pytest.fail(f"torchrun did not finish within {LAUNCH_TIMEOUT} s:\n"
-                        + "\n".join(p.communicate()[0] or "" for p in procs))
-        launched = Launched(outputs, codes, time.monotonic() - t0, tag)
-        assert_no_leftovers(tag, wait=5.0)
-        return launched
-
-    yield run
-    for tag in tags:
-        assert_no_leftovers(tag, wait=0.5)
-
-
 def _check_spmd_cases(run: Launched) -> None:
     report = run.report
     # one report: the header, the summary and each headline once, from rank 0
@@ -247,63 +146,6 @@ def test_torchrun_two_nodes_one_rank_each(launch):
     assert "test_j_never_runs" not in report.split("short test summary info")[-1]
     assert sorted(run.codes) == [1, 1], run.text
     assert run.elapsed < 100, run.elapsed
-
-
-def test_ranks_collecting_different_tests_stop_with_one_clear_error(launch):
-    run = launch("""
-        import os
-        import pytest
-
-        @pytest.mark.parametrize("n", range(2 + int(os.environ["RANK"])))
-        def test_p(n):
-            pass
-    """, "test_inner.py")
-    message = ("pytest-nccl SPMD mode: every rank must collect the same tests in the same order: rank 1 "
-               "collected 3 tests, rank 0 2; first difference at test #3: rank 0 '(nothing)', "
-               "rank 1 'test_inner.py::test_p[2]'")
-    assert message in run.report, run.text
-    assert f"[pytest-nccl rank 1] {message}" in run.text  # the quiet rank says it too, once
-    assert "passed" not in run.report.split("collected")[-1]
-    assert run.text.count("exitcode  : 4") == 2 and run.codes == [1], run.text  # usage error on both ranks
-
-
-def test_the_launchers_sigterm_after_a_ranks_session_leaves_its_exit_code_its_own(launch):
-    """torchrun SIGTERMs every other rank as soon as one exits with an error; a rank whose session has
-    ended by then must still exit with its own code (rank 0 then loses no usage error to the race).
-    The SIGTERM is sent here by each rank to itself as its interpreter shuts down."""
-    run = launch("""
-        import atexit, os, signal
-
-        atexit.register(os.kill, os.getpid(), signal.SIGTERM)
-
-        def test_p():
-            pass
-    """, "test_inner.py")
-    assert run.codes == [0] and "SIGTERM" not in run.text, run.text
-
-
-def test_rank_process_exiting_in_a_test_is_named_by_rank_0_at_once(launch):
-    run = launch("""
-        import os
-        import pytest, torch
-        import torch.distributed as dist
-
-        @pytest.mark.nccl
-        def test_a_passes(rank):
-            dist.barrier()
-
-        @pytest.mark.nccl
-        def test_b_rank_exits(rank):
-            if rank == 1:
-                os._exit(3)
-            dist.barrier()
-    """, "test_inner.py", "--nccl-timeout=60")
-    # rank 0 sees rank 1's process gone (same host), or gets the launcher's SIGTERM first: either way
-    # its report names the rank that died and where rank 0 waited, at once
-    assert ("rank 1 ended without an exit record (killed by a signal, or os._exit) after 0 collectives in group "
-            "default; rank 0 waits in barrier #1 of group default from test_inner.py:") in run.report, run.text
-    assert "exitcode  : 3" in run.text  # torchrun's own report names the rank that exited
-    assert run.codes != [0] and run.elapsed < 25, (run.elapsed, run.text)
 
 
 LAUNCH_SUITE = REPO / "suites" / "launch"

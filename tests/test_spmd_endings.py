@@ -1,0 +1,62 @@
+"""SPMD mode's endings: a rank that leaves the session (a collection difference, an exit inside a
+test) and the launcher's SIGTERM that follows; each rank keeps its own exit status, and rank 0 names
+the rank that died. Real torchrun runs (``spmd_support.launch``)."""
+
+from __future__ import annotations
+
+
+def test_ranks_collecting_different_tests_stop_with_one_clear_error(launch):
+    run = launch("""
+        import os
+        import pytest
+
+        @pytest.mark.parametrize("n", range(2 + int(os.environ["RANK"])))
+        def test_p(n):
+            pass
+    """, "test_inner.py")
+    message = ("pytest-nccl SPMD mode: every rank must collect the same tests in the same order: rank 1 "
+               "collected 3 tests, rank 0 2; first difference at test #3: rank 0 '(nothing)', "
+               "rank 1 'test_inner.py::test_p[2]'")
+    assert message in run.report, run.text
+    assert f"[pytest-nccl rank 1] {message}" in run.text  # the quiet rank says it too, once
+    assert "passed" not in run.report.split("collected")[-1]
+    assert run.text.count("exitcode  : 4") == 2 and run.codes == [1], run.text  # usage error on both ranks
+
+
+def test_the_launchers_sigterm_after_a_ranks_session_leaves_its_exit_code_its_own(launch):
+    """torchrun SIGTERMs every other rank as soon as one exits with an error; a rank whose session has
+    ended by then must still exit with its own code (rank 0 then loses no usage error to the race).
+    The SIGTERM is sent here by each rank to itself as its interpreter shuts down."""
+    run = launch("""
+        import atexit, os, signal
+
+        atexit.register(os.kill, os.getpid(), signal.SIGTERM)
+
+        def test_p():
+            pass
+    """, "test_inner.py")
+    assert run.codes == [0] and "SIGTERM" not in run.text, run.text
+
+
+def test_rank_process_exiting_in_a_test_is_named_by_rank_0_at_once(launch):
+    run = launch("""
+        import os
+        import pytest, torch
+        import torch.distributed as dist
+
+        @pytest.mark.nccl
+        def test_a_passes(rank):
+            dist.barrier()
+
+        @pytest.mark.nccl
+        def test_b_rank_exits(rank):
+            if rank == 1:
+                os._exit(3)
+            dist.barrier()
+    """, "test_inner.py", "--nccl-timeout=60")
+    # rank 0 sees rank 1's process gone (same host), or gets the launcher's SIGTERM first: either way
+    # its report names the rank that died and where rank 0 waited, at once
+    assert ("rank 1 ended without an exit record (killed by a signal, or os._exit) after 0 collectives in group "
+            "default; rank 0 waits in barrier #1 of group default from test_inner.py:") in run.report, run.text
+    assert "exitcode  : 3" in run.text  # torchrun's own report names the rank that exited
+    assert run.codes != [0] and run.elapsed < 25, (run.elapsed, run.text)
