@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -90,7 +91,19 @@ def assert_no_leftovers(tag: str, wait: float = 3.0) -> None:
     while left and time.monotonic() < deadline:
         time.sleep(0.1)
         left = processes_with_tag(tag)
+    if left:
+        kill_tagged(tag)  # the test fails, and what it left does not outlive it
     assert not left, f"processes outlived the inner session: {left}"
+
+
+def kill_tagged(tag: str) -> None:
+    """SIGKILL every live process carrying the tag (a failed test's inner session, its launcher's
+    ranks in their own sessions, anything they started)."""
+    for entry in processes_with_tag(tag):
+        try:
+            os.kill(int(entry.split(":", 1)[0]), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
 
 
 @pytest.fixture

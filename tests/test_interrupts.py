@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import assert_no_leftovers, processes_with_tag
+from conftest import assert_no_leftovers, kill_tagged, processes_with_tag
 from watch_support import line_in
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,6 +140,9 @@ def interrupt(pytester, source: str, ready: int, sig: int = signal.SIGINT, group
             out, _ = proc.communicate(timeout=30)
             pytest.fail(f"pytest outlived {signal.Signals(sig).name} by 60 s:\n{out.decode(errors='replace')}")
         took = time.monotonic() - sent
+    except BaseException:
+        kill_tagged(tag)  # a launcher's ranks run in sessions of their own: the failed test leaves none
+        raise
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -60,3 +60,32 @@ def test_rank_process_exiting_in_a_test_is_named_by_rank_0_at_once(launch):
             "default; rank 0 waits in barrier #1 of group default from test_inner.py:") in run.report, run.text
     assert "exitcode  : 3" in run.text  # torchrun's own report names the rank that exited
     assert run.codes != [0] and run.elapsed < 25, (run.elapsed, run.text)
+
+
+def test_a_process_a_rank_forks_keeps_its_signals_and_never_interrupts_the_rank(launch):
+    """A DataLoader worker or multiprocessing child forked by a rank inherits the rank's handlers and
+    wakeup fd: its ``terminate()`` must still kill it (SIGTERM), and that SIGTERM is not the rank's."""
+    run = launch("""
+        import multiprocessing, time
+        import pytest, torch
+        import torch.distributed as dist
+
+        def child():
+            time.sleep(600)
+
+        @pytest.mark.nccl
+        def test_forks_and_terminates(rank):
+            process = multiprocessing.get_context("fork").Process(target=child)
+            process.start()
+            time.sleep(0.5)
+            process.terminate()
+            process.join(timeout=30)
+            assert process.exitcode == -15
+            time.sleep(0.5)  # the rank's watchdog would read the child's SIGTERM from the wakeup fd here
+            dist.all_reduce(torch.ones(1))
+
+        @pytest.mark.nccl
+        def test_after(rank):
+            dist.barrier()
+    """, "test_inner.py")
+    assert "2 passed" in run.report and run.codes == [0], run.text

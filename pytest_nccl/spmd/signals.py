@@ -41,6 +41,7 @@ class RankSignals:
         self.got: int | None = None  # the first ending signal
         self._lock = threading.Lock()
         self._wakeup = -1            # read end of the wakeup fd (signal numbers, written in C)
+        self.pid = os.getpid()
 
     def install(self) -> None:
         try:
@@ -49,6 +50,7 @@ class RankSignals:
             signal.signal(INTERRUPT_SIGNAL, self.on_interrupt)
         except ValueError:  # not the main thread
             return
+        os.register_at_fork(after_in_child=self._forked)
         read, write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         try:
             previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
@@ -61,6 +63,17 @@ class RankSignals:
             os.close(write)
             return
         self._wakeup = read
+
+    def _forked(self) -> None:
+        """A process this rank forks (a DataLoader worker, a multiprocessing child) is not the rank:
+        none of its signals may reach this rank's wakeup fd, where it would read as the rank's own.
+        Its handlers stay (the watch's at-fork hook may put our C handler back after any change made
+        here): ``on_ending`` gives a signal there its usual effect (``terminate()`` kills it)."""
+        if self._wakeup >= 0:
+            try:
+                signal.set_wakeup_fd(-1)
+            except ValueError:  # forked from a thread other than the main one: Python keeps none there
+                pass
 
     def drain(self) -> None:
         """Forget signals written before now (a marked test starts: they were handled already)."""
@@ -107,6 +120,10 @@ class RankSignals:
     def on_ending(self, signum, frame):
         """SIGINT, SIGTERM, SIGHUP in the main thread (module doc)."""
         __tracebackhide__ = True  # pytest names where the main thread was, not this handler
+        if os.getpid() != self.pid:  # a child this rank forked (``_forked``): the signal's usual effect
+            signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         if self.got is not None:
             return  # the launcher's forward of the first one, or a second: the deadline ends the rank
         if self.finishing and signum == signal.SIGTERM:
