@@ -133,14 +133,14 @@ class CallDriver:
         """The whole call: watch until decided, then conclude. Interrupted while it watches (Ctrl-C,
         or a front-end's ``Interrupted`` for SIGTERM/SIGHUP), the call is concluded on what is known
         then, said as interrupted; a second interrupt during that ends it at once."""
-        self.watching = True
+        self.watching, interrupted = True, ""
         try:
             reason = self.watch()
         except KeyboardInterrupt as exc:
+            reason, interrupted = Reason.INTERRUPTED, signal_of(exc)
+        finally:
             self.watching = False
-            return self.conclude(Reason.INTERRUPTED, interrupted=signal_of(exc), **conclude)
-        self.watching = False
-        return self.conclude(reason, **conclude)
+        return self.conclude(reason, interrupted=interrupted, **conclude)
 
 
 class Interrupted(KeyboardInterrupt):

@@ -76,8 +76,8 @@ class LaunchedGroup:
                 f"{launch.master_addr}:{launch.master_port}: {type(exc).__name__}: {exc}") from None
 
     def ended(self, rank: int, client: Any) -> bool:
-        """That rank's process is known to have ended (it ran on this host); read with ``client``,
-        the calling thread's store client."""
+        """That rank's process is known to have ended (its pids are this process's: ``liveness``);
+        read with ``client``, the calling thread's store client."""
         process = self._processes.get(rank)
         if process is None:
             key = PROC.format(rank)
