@@ -187,7 +187,7 @@ def test_collectives_issued_from_cpp_come_from_the_flight_recorder(run_inner):
 def test_group_labels_show_ranks_compactly():
     """Labels carry the ranks (members_of reads them back): ranges, a stride, or '...' past the width."""
     from pytest_nccl.core.groups import members_of
-    from pytest_nccl.rank.tracer import _label_ranks
+    from pytest_nccl.core.groups import ranks_text as _label_ranks
     assert _label_ranks([2, 3]) == "2,3" and _label_ranks(list(range(16))) == "0-15"
     strided = _label_ranks(list(range(0, 64, 2)))
     assert strided == "0-62:2" and members_of(f"dp[{strided}]", 64) == list(range(0, 64, 2))

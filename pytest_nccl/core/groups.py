@@ -42,6 +42,40 @@ def parse_ranges(text: str) -> list[int] | None:
     return out
 
 
+MAX_LABEL_RANKS = 48  # characters of the ranks shown in a label; longer: "..." (members unknown)
+_NAMELESS = ("", "undefined", "default_pg", "default")  # descriptions that name no group: c10d's name instead
+
+
+def ranks_text(ranks: list[int]) -> str:
+    """The ranks part of a label: '2,3', '0-15', '0-62:2' (a stride), '3,1,2' (group rank order
+    when not sorted), cut to '0,1,...' past ``MAX_LABEL_RANKS`` characters."""
+    if ranks == sorted(ranks):
+        shown = rank_ranges(ranks)
+        if len(shown) > MAX_LABEL_RANKS and len(ranks) > 2:
+            step = ranks[1] - ranks[0]
+            if step > 0 and all(b - a == step for a, b in zip(ranks, ranks[1:], strict=False)):
+                shown = f"{ranks[0]}-{ranks[-1]}:{step}"
+    else:
+        shown = ",".join(map(str, ranks))  # new_group(sort_ranks=False): group rank order
+    return shown if len(shown) <= MAX_LABEL_RANKS else shown[:MAX_LABEL_RANKS].rsplit(",", 1)[0] + ",..."
+
+
+def clean_name(text: str) -> str:
+    """A name as a label carries it: letters, digits and ``_.-:`` only."""
+    return "".join(c for c in text if c.isalnum() or c in "_.-:")
+
+
+def group_label(name: str, desc: str, ranks: list[int] | None) -> str:
+    """A group's label from what c10d knows of it: the user's description ("tp", a DeviceMesh
+    dimension without its "mesh_"), else the c10d name ("pg4"), with its global ranks. The tracer
+    and the Flight Recorder's reader both name groups here, so a journal and a dump agree."""
+    if desc.startswith("mesh_") and desc != "mesh_default":
+        desc = desc[5:]
+    desc = clean_name(desc)
+    base = f"pg{name}" if desc in _NAMELESS else desc
+    return base if ranks is None else f"{base}[{ranks_text(list(ranks))}]"
+
+
 P2P = ":p2p"  # a group's point-to-point transfers, numbered apart from its collectives: "tp[2,3]:p2p"
 
 

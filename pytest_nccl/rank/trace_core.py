@@ -22,7 +22,8 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from ..core.agreement import signature
-from ..core.groups import GroupId, rank_ranges
+from ..core.groups import GroupId, clean_name
+from ..core.groups import group_label as label_of
 from ..core.journal import JournalWriter, Line
 
 
@@ -209,26 +210,6 @@ def replace_c10d(names, wrap: Callable) -> None:
 
 # -- group labels ------------------------------------------------------------------------------
 
-MAX_LABEL_RANKS = 48  # characters of the ranks shown in a label; longer: "..." (members unknown)
-_NAMELESS = ("", "undefined", "default_pg")
-
-
-def _label_ranks(ranks: list) -> str:
-    if ranks == sorted(ranks):
-        shown = rank_ranges(ranks)
-        if len(shown) > MAX_LABEL_RANKS and len(ranks) > 2:
-            step = ranks[1] - ranks[0]
-            if step > 0 and all(b - a == step for a, b in zip(ranks, ranks[1:], strict=False)):
-                shown = f"{ranks[0]}-{ranks[-1]}:{step}"
-    else:
-        shown = ",".join(map(str, ranks))  # new_group(sort_ranks=False): group rank order
-    return shown if len(shown) <= MAX_LABEL_RANKS else shown[:MAX_LABEL_RANKS].rsplit(",", 1)[0] + ",..."
-
-
-def _clean(text: str) -> str:
-    return "".join(c for c in text if c.isalnum() or c in "_.-:")
-
-
 # Groups whose members c10d cannot name as ranks of this world: made over a store of their own
 # (ProcessGroupGloo(store, ...)), or by torch's process-group helper with members outside the world
 # (an inference server). id(group) -> (name, size, the group object); filled by trace_groups.py.
@@ -270,7 +251,7 @@ def group_label(group, trace: CallTrace | None = None) -> tuple[str, str]:
         if side is None:  # a Backend used directly, made before the tracer could see it
             if trace is not None:
                 trace.side_count += 1
-            side = (f"{_clean(str(getattr(group, 'name', lambda: 'pg')()))}{trace.side_count if trace else ''}",
+            side = (f"{clean_name(str(getattr(group, 'name', lambda: 'pg')()))}{trace.side_count if trace else ''}",
                     group.size(), group)
         return side_label(side[0], side[1]), str(name or "")
     name = str(name)
@@ -278,14 +259,11 @@ def group_label(group, trace: CallTrace | None = None) -> tuple[str, str]:
         desc = str(getattr(group, "group_desc", "") or "")
     except Exception:  # a C++ property, whatever it raises: the label takes the c10d name
         desc = ""
-    if desc.startswith("mesh_") and desc != "mesh_default":
-        desc = desc[5:]
-    desc = _clean(desc)
-    base = f"pg{name}" if desc in _NAMELESS or desc == "default" else desc
     try:
-        return f"{base}[{_label_ranks(dist.get_process_group_ranks(group))}]", name
+        ranks = dist.get_process_group_ranks(group)
     except Exception:  # c10d's error differs by torch version: a label without ranks
-        return base, name
+        ranks = None
+    return label_of(name, desc, ranks), name
 
 
 def group_trace(trace: CallTrace, group) -> GroupTrace:

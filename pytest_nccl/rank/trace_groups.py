@@ -21,6 +21,7 @@ from types import FrameType
 
 import torch.distributed.distributed_c10d as c10d
 
+from ..core.groups import clean_name
 from ..core.sites import is_ours
 from . import trace_completion as completion
 from . import trace_core as core
@@ -167,7 +168,7 @@ def register_side(group, name: str, size: int) -> None:
         ref = weakref.ref(group, lambda _: core.side_groups.pop(key, None))
     except TypeError:
         ref = None
-    core.side_groups[id(group)] = (core._clean(name) or "side", int(size), ref)
+    core.side_groups[id(group)] = (clean_name(name) or "side", int(size), ref)
 
 
 def named_helper(real):

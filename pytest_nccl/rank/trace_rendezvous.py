@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from ..core.groups import clean_name
 from ..core.journal import Line
 from . import trace_core as core
 from . import trace_groups
@@ -175,7 +176,7 @@ def _helper(args, kwargs):
     size, rank, ranks = _arg(args, kwargs, 0, "group_size"), _arg(args, kwargs, 1, "group_rank"), \
         _arg(args, kwargs, 2, "global_ranks_in_group")
     store, name = _arg(args, kwargs, 4, "store"), _arg(args, kwargs, 5, "group_name")
-    text = f"store={_address(store)} n={size} r={rank} name={core._clean(str(name))}"
+    text = f"store={_address(store)} n={size} r={rank} name={clean_name(str(name))}"
     # c10d prefixes the group's store with its name, then the device; gloo with the device index
     return text, (store, [(f"{name}/", f"{device}/") for device in ("cpu", "cuda")], int(size)) \
         if not ranks else None

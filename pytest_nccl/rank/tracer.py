@@ -28,7 +28,7 @@ from . import flight_api, trace_sites
 from . import trace_completion as completion
 from . import trace_core as core
 from .trace_args import ALWAYS_ASYNC, COMPOSITE, CONTRIBUTED, _arguments, _memo_params
-from .trace_core import _label_ranks, describe, local, pg_label  # noqa: F401 (the tracer's API)
+from .trace_core import describe, local, pg_label  # noqa: F401 (the tracer's API)
 from .trace_sites import call_site  # noqa: F401
 
 E_LINE, E_LINE_NO_FR = core.E_LINE, core.E_LINE_NO_FR
@@ -280,6 +280,8 @@ def stop() -> tuple[dict[str, tuple], int]:
     for g in trace.by_label.values():
         if g.seq:
             digests[g.label] = (g.seq, g.digest, tuple(g.splits)) if g.splits else (g.seq, g.digest)
+        if g.p2p_seq:  # how many transfers: their pairing is checked on the journals (core/diagnosis/pairing.py)
+            digests[g.p2p_label] = (g.p2p_seq, 0)
     return digests, dangling
 
 
