@@ -80,7 +80,8 @@ def digests_agree(digests: dict, world: int) -> bool:
     per_pg: dict[str, dict] = {}
     for rank, by_pg in digests.items():
         for pg, digest in by_pg.items():
-            per_pg.setdefault(pg, {})[rank] = tuple(digest)
+            if not GroupId.parse(pg).p2p:  # transfers pair sends with receives: ``transfers_traced``
+                per_pg.setdefault(pg, {})[rank] = tuple(digest)
     for pg, by_rank in per_pg.items():
         members = members_of(pg, world)
         if len({by_rank.get(r, (0, 0))[:2] for r in members}) > 1:
@@ -91,3 +92,9 @@ def digests_agree(digests: dict, world: int) -> bool:
             if split_disagreement(at, pg, world):
                 return False
     return True
+
+
+def transfers_traced(digests: dict | None) -> bool:
+    """Some rank issued point-to-point transfers (a ":p2p" group in its digest): whether they paired
+    with tensors of the same shape and dtype only the journals tell."""
+    return digests is not None and any(GroupId.parse(pg).p2p for by_pg in digests.values() for pg in by_pg)

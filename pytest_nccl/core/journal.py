@@ -36,7 +36,9 @@ space-separated ``key=value`` items, each optional:
     root=1              the root as a GLOBAL rank (broadcast/scatter src, reduce/gather dst, object ops)
     split=2,2/1,3       all_to_all(_single): per group rank, what this rank sends / expects to receive
     p2p=s1:0,r*:2       point-to-point transfers, in call order: s(end)/r(ecv) (S/R: object lists),
-                        the GLOBAL peer (* = any source), ':' the tag; several for batch_isend_irecv
+                        the GLOBAL peer (* = any source), ':' the tag; several for batch_isend_irecv,
+                        each with its tensor (v5, optional): "s1:0:4x8:float32" (dims joined by
+                        'x', none for a scalar); a single send/recv's tensor is the E line's
     g=4                 the c10d group name (the label is the user's: "tp[2,3]")
 
 The arguments of O and U lines (v3), each optional, go to the record's ``detail``:
@@ -141,14 +143,23 @@ def _null_fd() -> int:
     return _null[0]
 
 
+def transfer_text(send: bool, peer, tag: int, dims=None, dtype: str = "") -> str:
+    """One transfer of a ``p2p=`` argument: "s1:0", or with its tensor "r0:0:4x8:float32" (``dims``:
+    its shape as a sequence of ints; None: not known)."""
+    head = f"{'s' if send else 'r'}{'*' if peer is None else peer}:{tag}"
+    return head if dims is None else f"{head}:{'x'.join(map(str, dims))}:{dtype}"
+
+
 def parse_p2p(text: str) -> list[P2P]:
     out = []
     for item in text.split(","):
         if len(item) < 2 or item[0] not in "srSR":
             continue
-        peer, _, tag = item[1:].partition(":")
-        out.append(P2P(send=item[0] in "sS", peer=None if peer == "*" else int(peer), tag=int(tag or 0),
-                       obj=item[0] in "SR"))
+        peer, tag, *tensor = item[1:].split(":")
+        p = P2P(send=item[0] in "sS", peer=None if peer == "*" else int(peer), tag=int(tag or 0), obj=item[0] in "SR")
+        if len(tensor) == 2:  # v5: the transfer's tensor, as a record's shapes read
+            p.shape, p.dtype = f"[{', '.join(tensor[0].split('x')) if tensor[0] else ''}]", tensor[1]
+        out.append(p)
     return out
 
 
@@ -188,6 +199,8 @@ def _entered(fields: list, rank: int, with_args: bool = True) -> CollectiveRecor
             _apply_detail(rec, fields[10])
     elif with_args and len(fields) > 10 and fields[10]:
         _apply_args(rec, fields[10])
+        if len(rec.p2p) == 1 and not rec.p2p[0].shape and rec.shapes:  # send/recv: the E line's tensor
+            rec.p2p[0].shape, rec.p2p[0].dtype = rec.shapes, rec.dtype
     return rec
 
 

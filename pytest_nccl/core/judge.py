@@ -2,7 +2,8 @@
 (and, only when the call is not clean, their journals) to the views and the diagnosis.
 
 - ``judge``: clean (every rank finished the same clean way and every group's members issued the same
-  collectives, by the digests: no journal read for a clean pass), or the diagnosis;
+  collectives, by the digests: no journal read for a clean pass, unless transfers must be paired),
+  or the diagnosis;
 - ``settled``: once decided, whether the ranks still running all wait in a collective (nothing more
   will come), or one may still finish and should get ``Timing.settle`` to do it;
 - ``verdict``: the diagnosis of a call that is not clean, never None;
@@ -15,8 +16,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .agreement import digest_of, digests_agree
+from .agreement import digest_of, digests_agree, transfers_traced
 from .diagnosis import Diagnosis, diagnose
+from .diagnosis.pairing import crossed_pairs, pairing_diagnosis
 from .diagnosis.wording import TEST, Words, seconds
 from .records import CollectiveRecord, RankView
 from .reports import CallOutcome, RankReport
@@ -78,6 +80,15 @@ def judge(reports: dict[int, RankReport], world: int, reason: Reason, bound: flo
     result = CallOutcome(views=views, reason=reason, reports=full, elapsed=elapsed, bound=bound,
                          interrupted=interrupted if reason == Reason.INTERRUPTED else "")
     if is_clean(views, reason, digests):
+        if not transfers_traced(digests):
+            return result
+        # transfers pair sends with receives by order: only the journals show a crossed pair
+        records = records if records is not None else journals()
+        for view in views:
+            view.records = records.get(view.rank, [])
+        crossed = crossed_pairs({v.rank: v for v in views})
+        if crossed:
+            result.diagnosis = pairing_diagnosis(crossed, views)
         return result
     if trace:
         records = records if records is not None else journals()

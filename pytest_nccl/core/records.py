@@ -24,6 +24,8 @@ class P2P:
     tag: int = 0
     state: RecordState = RecordState.ENTERED
     obj: bool = False
+    shape: str = ""         # the tensor sent or received into, as a record's shapes ("[4, 8]"); "": not known
+    dtype: str = ""
 
     def call(self, op: str) -> str:
         """As the user wrote it: 'send(dst=1, tag=1)', 'irecv(src=*, tag=0)'."""

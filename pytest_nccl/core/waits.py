@@ -16,32 +16,47 @@ class P2PIndex:
     source) with tag T, whatever the records' states."""
 
     def __init__(self, views: dict):
+        # channel -> [(rank, record, transfer)] in the order the rank issued them
         self.sends: dict[tuple, list] = {}
         self.recvs: dict[tuple, list] = {}      # receives from a named source
         self.any: dict[tuple, list] = {}        # receives from any source: (group, dst, tag, obj)
+        self.place: dict[int, int] = {}         # id(transfer) -> its 1-based place in its channel
         for r, view in views.items():
             for rec in view.records:
                 for p in rec.p2p:
                     if p.send:
-                        self.sends.setdefault((rec.pg, r, p.peer, p.tag, p.obj), []).append(id(p))
+                        lane = self.sends.setdefault((rec.pg, r, p.peer, p.tag, p.obj), [])
                     elif p.peer is None:
-                        self.any.setdefault((rec.pg, r, p.tag, p.obj), []).append(id(p))
+                        lane = self.any.setdefault((rec.pg, r, p.tag, p.obj), [])
                     else:
-                        self.recvs.setdefault((rec.pg, p.peer, r, p.tag, p.obj), []).append(id(p))
+                        lane = self.recvs.setdefault((rec.pg, p.peer, r, p.tag, p.obj), [])
+                    lane.append((r, rec, p))
+                    self.place[id(p)] = len(lane)
 
     def has_counterpart(self, rank: int, rec: CollectiveRecord, p: P2P) -> bool:
         """Has the other side issued the transfer this one pairs with? (Receives from any source
         count for every sender: a yes can be generous, a no is certain.)"""
+        k = self.place[id(p)]
         if p.send:
             key = (rec.pg, rank, p.peer, p.tag, p.obj)
-            k = self.sends[key].index(id(p)) + 1
             return len(self.recvs.get(key, ())) + len(self.any.get((rec.pg, p.peer, p.tag, p.obj), ())) >= k
         if p.peer is not None:
-            key = (rec.pg, p.peer, rank, p.tag, p.obj)
-            return len(self.sends.get(key, ())) >= self.recvs[key].index(id(p)) + 1
-        k = self.any[(rec.pg, rank, p.tag, p.obj)].index(id(p)) + 1
+            return len(self.sends.get((rec.pg, p.peer, rank, p.tag, p.obj), ())) >= k
         return sum(len(v) for key, v in self.sends.items()
                    if key[0] == rec.pg and key[2] == rank and key[3:] == (p.tag, p.obj)) >= k
+
+    def pairs(self) -> list[tuple]:
+        """(k, send, receive) for every send that pairs with a receive from its named source: the
+        k-th of its channel each, as (rank, record, transfer). Channels that also have receives
+        from any source are left out: which send such a receive takes is the backend's choice."""
+        out: list[tuple] = []
+        for key, sends in sorted(self.sends.items(), key=lambda item: (item[0][0], item[0][1], -1 if item[0][2] is None
+                                                                        else item[0][2], item[0][3])):
+            recvs = self.recvs.get(key, [])
+            if self.any.get((key[0], key[2], key[3], key[4])):
+                continue
+            out.extend((k, send, recv) for k, (send, recv) in enumerate(zip(sends, recvs, strict=False), 1))
+        return out
 
 
 def behind(view: RankView, rec: CollectiveRecord) -> bool:

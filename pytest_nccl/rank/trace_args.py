@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed.distributed_c10d as c10d
 
+from ..core.journal import transfer_text
 from ..core.ops import REDUCING_OPS, ROOT_ARG, SPLIT_OPS
 
 # For each op: the parameter holding the tensor(s) this rank contributes (what must agree across
@@ -147,8 +148,10 @@ def _arguments(name: str, params: list):
     if name == "batch_isend_irecv":
         def batch(a, k, g):
             ops = _arg(a, k, 0, "p2p_op_list") or ()
+            # each transfer with its tensor: two to one peer pair in the order enqueued, whatever they carry
             return "p2p=" + ",".join(
-                f"{'s' if getattr(op.op, '__name__', '') == 'isend' else 'r'}{op.peer}:{op.tag}" for op in ops)
+                transfer_text(getattr(op.op, "__name__", "") == "isend", op.peer, op.tag or 0,
+                              tuple(op.tensor.shape), str(op.tensor.dtype)[6:]) for op in ops)
         return batch
     return None
 

@@ -5,7 +5,8 @@ is tested on hand-written data. The controller calls ``diagnose(ranks, reason, b
 finds, in order (docs/diagnosis.md shows each with its headline):
 
 1. an argument the ranks disagree on at the same position of a group: op, dtype, shape, root, reduce
-   op, split sizes (``first_divergence``);
+   op, split sizes (``first_divergence``); a send and the receive it pairs with that disagree on
+   shape or dtype (``pairing.crossed_pairs``), even where both completed;
 2. a rank that left, raised or died while others wait for it;
 3. a certain deadlock (``waits.stuck_ranks``): point-to-point transfers that can never pair, or
    ranks blocked in collectives of different groups, each waiting for the other; blame goes by
@@ -27,6 +28,7 @@ from .deadlock import deadlock_diagnosis
 from .divergence import PEER_GONE, first_divergence, gloo_disagreement
 from .findings import Diagnosis, Divergence
 from .outside import NO_FUNCTION, busy_at, in_rendezvous
+from .pairing import crossed_pairs, pairing_diagnosis
 from .wording import (
     HEADLINE_WIDTH,
     SHOWN_VALUES,
@@ -56,6 +58,9 @@ def diagnose(ranks: list[RankView], reason: Reason, bound: float, words: Words =
     if div is not None and div.kind != Kind.RANK_LEFT:
         return _mismatch(div, ranks)
     views = {v.rank: v for v in ranks}
+    crossed = crossed_pairs(views)
+    if crossed:  # before what the ranks did next: a wrong size gloo rejects, or a hang, follows from it
+        return pairing_diagnosis(crossed, ranks)
     if div is not None and _left_first(div, views).finished:
         return _absent(div, views, reason, bound, words)
     said = [(v, found) for v in dead + failed for found in [gloo_disagreement(v.output + "\n" + v.message)] if found]

@@ -1,0 +1,98 @@
+"""Crossed point-to-point pairs: a send and the receive it pairs with (the k-th send from A to B
+pairs with B's k-th receive from A, whatever either side meant) that disagree on shape or dtype.
+NCCL's transfers are tagless and gloo's share tag 0, so two sends to one peer enqueued in another
+order than the peer's receives cross silently when the byte counts match (Megatron-LM#5100/#5271)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..groups import GroupId
+from ..records import P2P, CollectiveRecord, RankView
+from ..sites import headline_site
+from ..states import Kind, RankState, RecordState
+from ..waits import P2PIndex
+from .findings import Diagnosis
+from .wording import HEADLINE_WIDTH, brief
+
+
+@dataclass
+class Side:
+    """One end of a pair: the rank, its record, the transfer, and its place among the rank's
+    transfers of that direction to (from) that peer."""
+    rank: int
+    rec: CollectiveRecord
+    p2p: P2P
+    k: int
+
+
+@dataclass
+class Crossing:
+    """A send and the receive it paired with, whose tensors differ in shape or dtype."""
+    send: Side
+    recv: Side
+
+    @property
+    def pg(self) -> str:
+        return self.send.rec.pg
+
+
+def crossed_pairs(views: dict) -> list[Crossing]:
+    """Every pair whose send and receive disagree on shape or dtype, in group, sender, receiver,
+    place order; pairs where either side's tensor is not known (an old journal, object lists) are
+    not compared. ``views``: rank -> RankView."""
+    out = []
+    for k, (sr, srec, sp), (rr, rrec, rp) in P2PIndex(views).pairs():
+        if sp.obj or not sp.shape or not rp.shape:
+            continue
+        if sp.shape != rp.shape or (sp.dtype and rp.dtype and sp.dtype != rp.dtype):
+            out.append(Crossing(Side(sr, srec, sp, k), Side(rr, rrec, rp, k)))
+    return out
+
+
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, 11th, 21st."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _tensor(p: P2P, other: P2P) -> str:
+    """'[4, 8]', with the dtype when the two sides' dtypes differ: '[4, 8] float32'."""
+    return f"{p.shape} {p.dtype}" if p.dtype != other.dtype and p.dtype and other.dtype else p.shape
+
+
+def pairing_headline(found: list[Crossing]) -> str:
+    """'p2p pairing: rank 0's 2nd send to rank 1 [4, 8] was received as rank 1's 1st recv from rank 0
+    [2, 8]' (the first crossed pair), where each side was issued, and how many more pairs crossed."""
+    c = found[0]
+    s, r = c.send, c.recv
+    group = GroupId.parse(c.pg).collectives.label
+    tag = f" with tag {s.p2p.tag}" if s.p2p.tag else ""
+    text = (f"p2p pairing: rank {s.rank}'s {ordinal(s.k)} send to rank {r.rank} {_tensor(s.p2p, r.p2p)} was "
+            f"received as rank {r.rank}'s {ordinal(r.k)} recv from rank {s.rank} {_tensor(r.p2p, s.p2p)}"
+            f"{'' if group == 'default' else ' in group ' + group}{tag}")
+    sites = [(rank, headline_site(rec.site)) for rank, rec in ((s.rank, s.rec), (r.rank, r.rec))]
+    if sites[0][1] and len(text) < HEADLINE_WIDTH:
+        same = sites[1][1] == sites[0][1] or not sites[1][1]
+        text += f" (from {sites[0][1]}" + ("" if same else f"; rank {sites[1][0]} from {sites[1][1]}") + ")"
+    if len(found) > 1:
+        text += f", and {len(found) - 1} more crossed pair{'s' if len(found) > 2 else ''}"
+    return text
+
+
+def pairing_diagnosis(found: list[Crossing], ranks: list[RankView]) -> Diagnosis:
+    """The verdict on crossed pairs: what happened to the receiving side (gloo rejected a size it
+    did not expect; else the tensors arrived with the wrong shape: the result is wrong)."""
+    c = found[0]
+    views = {v.rank: v for v in ranks}
+    receiver = views.get(c.recv.rank)
+    if receiver is not None and receiver.status == RankState.FAILED:
+        then = f"rank {receiver.rank} raised {brief(receiver.message or receiver.exc_type)}"
+    elif receiver is not None and receiver.status == RankState.DEAD:
+        then = f"rank {receiver.rank} {receiver.exit_description}"
+    elif c.send.p2p.state == c.recv.p2p.state == RecordState.COMPLETED:
+        then = "the backend completed it without an error: the received tensor is wrong"
+    else:
+        then = "neither side completed it"
+    return Diagnosis(Kind.P2P_MISMATCH, f"{pairing_headline(found)}; {then}",
+                     sorted({c.send.rank, c.recv.rank}), c.pg, c.send.rec.seq)
