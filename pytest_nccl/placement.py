@@ -3,6 +3,7 @@ as a number (``session.cuda_device_count`` asks torch)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .core.states import Backend
@@ -32,6 +33,32 @@ class Placement:
 
     def describe(self) -> str:
         return f"backend {self.backend} ({self.why})"
+
+    @property
+    def on_cpu(self) -> bool:
+        """Whether the ranks take the CPU path: no GPU of their own and none shared."""
+        return not self.gpus and not self.shared_gpus
+
+    def library_env(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """What the ranks get so libraries see the group they run in, less what ``environ`` (the
+        user's, the test's) sets already: on the CPU path, accelerate's CPU launch (``CPU_RANK_ENV``);
+        on GPUs nothing."""
+        if not self.on_cpu:
+            return {}
+        return {key: value for key, value in CPU_RANK_ENV.items() if key not in environ}
+
+
+# What accelerate's own CPU launcher (``debug_launcher``) sets for its ranks. Since accelerate 1.13.0
+# a job without an accelerator is distributed only when accelerate is told it runs on the CPU
+# (``cpu=True``, or ACCELERATE_USE_CPU, which ``Accelerator()`` and accelerate's own test programs
+# read; a bare ``PartialState()`` does not, under accelerate's launcher either): else one process
+# (docs/support.md). Not taken from the launcher: WORLD_SIZE, MASTER_ADDR/PORT, GLOO_SOCKET_IFNAME=lo
+# (each transport sets its own), ACCELERATE_DEBUG_RDV_FILE (the store of the group the launcher
+# makes; the ranks are in one already).
+CPU_RANK_ENV = {
+    "ACCELERATE_USE_CPU": "yes",
+    "ACCELERATE_MIXED_PRECISION": "no",
+}
 
 
 def _devices(n: int) -> str:

@@ -95,6 +95,8 @@ class GroupPool:
             gpu_ids = self.lease.ids
         elif not placement.shared_gpus:
             rank_env["CUDA_VISIBLE_DEVICES"] = ""  # gloo without a GPU per rank: the CPU path
+        if own_group is None:  # (adopted tests' ranks start as torch's harness starts them)
+            rank_env.update(placement.library_env(os.environ))
         self.group = RankGroup(zygote, world, placement.backend, timeout, self.workdir, gpu_ids, rank_env,
                                None if own_group is not None else placement.device_of,
                                own_group=own_group is not None)

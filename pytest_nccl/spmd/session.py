@@ -65,6 +65,7 @@ class SpmdSession:
             raise pytest.UsageError(f"pytest-nccl SPMD mode: {exc}") from None
         # like plugin mode's auto: NCCL when this node has a CUDA device for every local rank
         self.backend, self.backend_why = placement.backend, placement.why
+        os.environ.update(placement.library_env(os.environ))  # this process is the rank
         self.group = LaunchedGroup(launch, self.backend, self.debug, self.say)
         self.run: TestRun | None = None        # the marked test in progress on this rank
         self.last_nodeid: str | None = None

@@ -1,0 +1,117 @@
+"""accelerate on a CPU group (issue 53): the ranks get what accelerate's own CPU launcher
+(``debug_launcher``) sets, so ``Accelerator()`` and accelerate's own distributed test programs count
+the group; a user's setting wins and GPU groups get nothing (``Placement.library_env``)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import run_inner_once
+
+from pytest_nccl.core.states import Backend
+from pytest_nccl.placement import CPU_RANK_ENV, Placement, place
+
+pytest.importorskip("accelerate")
+
+# Each test starts from fresh accelerate singletons: a warm rank keeps an earlier test's.
+CPU_CASES = """
+import pytest
+
+
+def fresh_state():
+    from accelerate.state import AcceleratorState, GradientState
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+@pytest.mark.nccl
+def test_accelerator_counts_the_group(world_size):
+    fresh_state()
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedType
+    accelerator = Accelerator()
+    assert (accelerator.num_processes, accelerator.distributed_type) == (world_size, DistributedType.MULTI_CPU)
+
+
+@pytest.mark.nccl
+def test_partial_state_as_accelerate_scripts_make_it(world_size):
+    fresh_state()
+    from accelerate import PartialState
+    from accelerate.utils import parse_flag_from_env
+    assert PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU")).num_processes == world_size
+
+
+@pytest.mark.nccl
+def test_accelerate_ops_program():
+    fresh_state()
+    from accelerate.test_utils.scripts import test_ops
+    test_ops.main()
+
+
+@pytest.mark.nccl
+def test_accelerate_sync_program(world_size):
+    fresh_state()
+    from accelerate import Accelerator
+    from accelerate.test_utils.scripts import test_sync
+    # counted as one process, main() would take its one-process path and prove nothing
+    assert Accelerator().num_processes == world_size
+    test_sync.main()
+"""
+
+CASES = ("test_accelerator_counts_the_group", "test_partial_state_as_accelerate_scripts_make_it",
+         "test_accelerate_ops_program", "test_accelerate_sync_program")
+
+
+@pytest.fixture(scope="module")
+def cpu_session(tmp_path_factory):
+    """One inner session of the cases at world 2 on the CPU path (CUDA hidden, as on a CPU runner)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CUDA_VISIBLE_DEVICES", "")
+        for key in CPU_RANK_ENV:  # an outer session's own setting would stand in for the plugin's
+            mp.delenv(key, raising=False)
+        return run_inner_once(tmp_path_factory, CPU_CASES, "--nccl-world=2")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_forked_cpu_group(cpu_session, case):
+    assert f"PASSED test_inner.py::{case}" in cpu_session.text, cpu_session.text
+
+
+SPMD_CASE = """
+import pytest
+
+
+@pytest.mark.nccl
+def test_accelerator_counts_the_launch(world_size):
+    from accelerate import Accelerator
+    assert world_size == 2
+    assert Accelerator().num_processes == world_size
+"""
+
+
+def test_spmd_cpu_launch(launch, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    for key in CPU_RANK_ENV:
+        monkeypatch.delenv(key, raising=False)
+    run = launch(SPMD_CASE, "test_inner.py", "--nccl-timeout=60")
+    assert run.codes == [0], run.text
+    assert "1 passed" in run.report, run.text
+
+
+def test_cpu_path_gets_the_launchers_settings():
+    assert place("auto", 2, 0).library_env({}) == CPU_RANK_ENV
+    assert place(Backend.GLOO, 2, 0).library_env({}) == CPU_RANK_ENV
+    # fewer GPUs than ranks: auto hides CUDA, the CPU path
+    assert place("auto", 2, 1).library_env({}) == CPU_RANK_ENV
+
+
+def test_a_users_setting_wins():
+    env = place("auto", 2, 0).library_env({"ACCELERATE_USE_CPU": "false", "PATH": "/bin"})
+    assert "ACCELERATE_USE_CPU" not in env
+    assert env == {k: v for k, v in CPU_RANK_ENV.items() if k != "ACCELERATE_USE_CPU"}
+
+
+def test_gpu_groups_get_nothing():
+    assert place("auto", 2, 2).library_env({}) == {}
+    assert place(Backend.GLOO, 2, 2).library_env({}) == {}  # a GPU per rank
+    assert place(Backend.GLOO, 2, 1).library_env({}) == {}  # ranks share the GPU
+    assert Placement(Backend.NCCL, "requested", gpus=True).library_env({}) == {}
