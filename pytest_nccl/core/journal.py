@@ -251,6 +251,18 @@ def _read_line(line: str, rank: int, by_key: dict, with_args: bool = True) -> Co
     return None
 
 
+def transfers_entered(lines: bytes, rank: int) -> list[CollectiveRecord]:
+    """The point-to-point records that the whole journal lines ``lines`` enter, with their transfers
+    (the watch's pairing check): every other line is skipped unread."""
+    out: list[CollectiveRecord] = []
+    for line in lines.split(b"\n"):
+        if line.startswith(b"E\t") and b":p2p\t" in line:
+            entered = _read_line(line.decode("utf-8", errors="replace"), rank, {})
+            if entered is not None:
+                out.append(entered)
+    return out
+
+
 def parse_journal(text: str, rank: int) -> list[CollectiveRecord]:
     """Records in the order the rank entered them. A torn last line (the rank died mid-write) is
     dropped; an unknown line is ignored rather than failing the report."""

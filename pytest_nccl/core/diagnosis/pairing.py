@@ -37,15 +37,20 @@ class Crossing:
         return self.send.rec.pg
 
 
+def differ(send: P2P, recv: P2P) -> bool:
+    """The two sides of a pair carry tensors of another shape or dtype (both known)."""
+    if not send.shape or not recv.shape:  # an old journal, an object list: not known
+        return False
+    return send.shape != recv.shape or bool(send.dtype and recv.dtype and send.dtype != recv.dtype)
+
+
 def crossed_pairs(views: dict) -> list[Crossing]:
     """Every pair whose send and receive disagree on shape or dtype, in group, sender, receiver,
     place order; pairs where either side's tensor is not known (an old journal, object lists) are
     not compared. ``views``: rank -> RankView."""
     out = []
     for k, (sr, srec, sp), (rr, rrec, rp) in P2PIndex(views).pairs():
-        if sp.obj or not sp.shape or not rp.shape:
-            continue
-        if sp.shape != rp.shape or (sp.dtype and rp.dtype and sp.dtype != rp.dtype):
+        if not sp.obj and differ(sp, rp):
             out.append(Crossing(Side(sr, srec, sp, k), Side(rr, rrec, rp, k)))
     return out
 
@@ -96,3 +101,33 @@ def pairing_diagnosis(found: list[Crossing], ranks: list[RankView]) -> Diagnosis
         then = "neither side completed it"
     return Diagnosis(Kind.P2P_MISMATCH, f"{pairing_headline(found)}; {then}",
                      sorted({c.send.rank, c.recv.rank}), c.pg, c.send.rec.seq)
+
+
+class PairingFollower:
+    """Transfers fed as ranks issue them, each paired once the other side's arrives: a watched job's
+    pairs are checked as it runs, keeping only the transfers whose counterpart has not come yet."""
+
+    def __init__(self):
+        self.queues: dict[tuple, tuple[list, list]] = {}  # channel -> (sends, receives) not paired yet
+        self.counts: dict[tuple, int] = {}                # (channel, send?) -> transfers fed so far
+        self.any_source: set[tuple] = set()               # (group, dst, tag, obj): a receive from any source
+
+    def add(self, rank: int, rec: CollectiveRecord) -> list[Crossing]:
+        """The crossed pairs that rank ``rank``'s record ``rec`` completes."""
+        found = []
+        for p in rec.p2p:
+            if p.obj or (not p.send and p.peer is None):
+                if not p.send:  # which send it takes is the backend's choice: that channel is not compared
+                    self.any_source.add((rec.pg, rank, p.tag, p.obj))
+                continue
+            channel = (rec.pg, rank, p.peer, p.tag) if p.send else (rec.pg, p.peer, rank, p.tag)
+            k = self.counts[(channel, p.send)] = self.counts.get((channel, p.send), 0) + 1
+            sends, recvs = self.queues.setdefault(channel, ([], []))
+            (sends if p.send else recvs).append(Side(rank, rec, p, k))
+            if sends and recvs:
+                s, r = sends.pop(0), recvs.pop(0)
+                if (channel[0], channel[2], channel[3], False) in self.any_source:
+                    continue
+                if differ(s.p2p, r.p2p):
+                    found.append(Crossing(s, r))
+        return found

@@ -47,6 +47,7 @@ from .outcome import (
     side_group_verdict,
     waited_for_peers,
 )
+from .pairing import CrossedPairs
 from .present import PROG
 from .sidecalls import SideCalls, side_callers
 from .where import RankPlace, place_of
@@ -109,6 +110,7 @@ class Engine:
         # the attempt's default worlds beside its first (the first one's monitor: once the job started)
         self.worlds = OtherWorlds(self.attempt_dir, timeout)
         self.monitor = Monitor(directory, timeout)
+        self.crossed = CrossedPairs()  # the attempt's transfers, paired as they come (a line, the job goes on)
 
     @property
     def attempt_dir(self) -> str:
@@ -123,6 +125,7 @@ class Engine:
         self.monitor.close()
         self.worlds.close()
         self.side_calls.close()
+        self.crossed.close()
 
     # -- while the job runs -----------------------------------------------------------------------------
     def tick(self, now: float) -> bool:
@@ -159,6 +162,8 @@ class Engine:
         self.joining = JoiningProcesses(self.attempt_dir)
         self.side_calls = SideCalls(self.attempt_dir)
         self.monitor = Monitor(self.attempt_dir, self.timeout)
+        self.crossed.close()
+        self.crossed = CrossedPairs()
         self.worlds = OtherWorlds(self.attempt_dir, self.timeout)
         if not self.quiet:
             self.front.say(f"{PROG}: following the launcher's attempt {self.attempt + 1} (restart {self.attempt})")
@@ -193,6 +198,9 @@ class Engine:
                 self.attempt_done = True
                 return False
             return self._act(finding)
+        if not self.quiet:  # a crossed pair ends nothing (the bytes match): said at once, the job goes on
+            for line in self.crossed.lines({r: f.file.path for r, f in monitor.ranks.items() if f.local}):
+                self.front.say(f"{PROG}: {line}")
         if reason == Reason.COMPLETED and self._attempt().restartable:
             # every rank of an attempt that may be restarted ended: its verdict now, not at the job's end
             ended = monitor.after_exit(now)
