@@ -11,7 +11,7 @@ import collective_records as cr
 
 from pytest_nccl.core.agreement import Digest, digests_agree, transfers_traced
 from pytest_nccl.core.diagnosis import diagnose
-from pytest_nccl.core.diagnosis.pairing import crossed_pairs, ordinal
+from pytest_nccl.core.diagnosis.pairing import PairingFollower, crossed_pairs, ordinal
 from pytest_nccl.core.journal import parse_journal, parse_p2p, transfer_text
 from pytest_nccl.core.judge import judge
 from pytest_nccl.core.records import P2P
@@ -130,3 +130,17 @@ def test_transfer_counts_differ_across_ranks_without_disagreeing():
 def test_ordinals():
     assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101)] == \
         ["1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st"]
+
+
+def test_the_follower_pairs_as_transfers_come_and_keeps_only_the_unpaired():
+    follower = PairingFollower()
+    r0 = batch(0, 1, send(1, "[2, 16]"), send(1, "[4, 8]"))
+    assert follower.add(0, r0) == []  # no receive yet: nothing to compare
+    (first,) = follower.add(1, batch(1, 1, recv(0, "[4, 8]")))
+    assert (first.send.k, first.send.p2p.shape, first.recv.p2p.shape) == (1, "[2, 16]", "[4, 8]")
+    assert follower.add(1, batch(1, 2, recv(0, "[4, 8]"))) == []  # the 2nd pair agrees
+    assert all(not sends and not recvs for sends, recvs in follower.queues.values())
+    # a receive from any source on that channel: which send it takes is not known, nothing is said
+    follower.add(1, batch(1, 3, recv(None, "[1]")))
+    follower.add(0, batch(0, 2, send(1, "[9]")))
+    assert follower.add(1, batch(1, 4, recv(0, "[3]"))) == []
