@@ -1,6 +1,7 @@
 """``pytest-nccl COMMAND`` (also ``python -m pytest_nccl COMMAND``): one parser, one program name.
 
 Commands:
+  explain  the verdict on a job from the Flight Recorder dumps it left behind (docs/explain.md)
   bisect   find the release of a package that broke (or fixed) a pytest selection (docs/bisect.md)
   matrix   run a pytest selection over many releases and world sizes; a Markdown matrix (docs/bisect.md)
   watch    run a distributed job with its collectives traced; diagnose and end it when it hangs or
@@ -26,7 +27,8 @@ EXIT_CODES = """exit status:
   1    bisect: found but ambiguous (untested releases next to it); sweep: a release is bad;
        where: no running watch found, or one did not answer
   2    usage error (any command)
-  3    bisect: a bound does not behave as given; watch: a hang or desync diagnosed, job ended
+  3    bisect: a bound does not behave as given; watch: a hang or desync diagnosed, job ended;
+       explain: a rank diverges (0: none does)
   4    bisect, matrix: the release list could not be had; watch: diagnosed with --keep-running
   5    sweep: no release could be tested
   6    bisect, matrix: this interpreter cannot build release envs (torch not installed, or
@@ -34,6 +36,7 @@ EXIT_CODES = """exit status:
   130  interrupted (watch: 128+N for signal N, after saying where each rank was)
 watch exits with the job's own status when it reaches no verdict (docs/watch.md)."""
 COMMANDS = {
+    "explain": "the verdict on a job from the Flight Recorder dumps it left behind",
     "bisect": "find the first bad (or first fixed) release of PACKAGE for a pytest selection",
     "matrix": "run a pytest selection on many releases x world sizes; write a Markdown matrix",
     "watch": "trace a running job's collectives; diagnose and end it when it hangs or desyncs",
@@ -69,6 +72,7 @@ def build_parser(prog: str) -> tuple[argparse.ArgumentParser, dict[str, argparse
         subs[name] = sub.add_parser(name, help=COMMANDS[name], description=module.DESCRIPTION,
                                     epilog=module.EPILOG)
         module.add_arguments(subs[name])
+    sub.add_parser("explain", help=COMMANDS["explain"], add_help=False)
     sub.add_parser("watch", help=COMMANDS["watch"], add_help=False)
     sub.add_parser("where", help=COMMANDS["where"], add_help=False)
     return parser, subs
@@ -81,6 +85,10 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         from .watch.frontends.cli import main as watch_main
 
         return watch_main(argv[1:])
+    if argv[:1] == ["explain"]:  # ... and explain (explain/cli.py)
+        from .explain.cli import main as explain_main
+
+        return explain_main(argv[1:], prog=f"{prog} explain")
     if argv[:1] == ["where"]:  # ... and so does where (watch/frontends/where.py)
         from .watch.frontends.where import main as where_main
 

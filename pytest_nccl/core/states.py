@@ -134,6 +134,9 @@ class Reason(Word):
     TIMEOUT = "timeout"       # the bound was reached
     # another hand ended the call first (Ctrl-C, a scheduler's SIGTERM): judged on what was known then
     INTERRUPTED = "interrupted"
+    # read after the fact from the ranks' Flight Recorder dumps (``pytest-nccl explain``): where each
+    # rank was when it wrote its dump, for however long it had been there
+    DUMPED = "dumped"
 
 
 class Kind(Word):

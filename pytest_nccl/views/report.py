@@ -75,6 +75,8 @@ def format_positions(ranks: list[RankView], words: Words = TEST, counts: dict | 
                 place = f"waits {waiting_for(cur, v)}"
             else:
                 place = f"inside {where(cur)} ({cur.state})"
+        elif v.status == RankState.UNSEEN:
+            place = words.unseen
         elif v.status == RankState.PASSED and not v.message:
             place = words.passed
         elif v.status == RankState.FAILED and v.message:

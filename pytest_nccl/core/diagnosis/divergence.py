@@ -8,7 +8,8 @@ from ..agreement import split_disagreement
 from ..groups import GroupId, members_of
 from ..ops import P2P_OPS, SHAPE_MATCHED_OPS, SPLIT_OPS
 from ..records import CollectiveRecord, RankView
-from ..states import Kind, Source
+from ..states import Kind, RankState, Source
+from .cascade import roots
 from .findings import Divergence
 
 # What a rank raises when a peer it talks to died: a consequence, not the cause (and whether it came
@@ -54,11 +55,12 @@ def _disagreement(at: dict[int, CollectiveRecord], pg: str, world: int) -> Kind 
     return None
 
 
-def first_divergence(ranks: list[RankView]) -> Divergence | None:
-    """The first position, over all groups, where members disagree or some member is absent while
-    another one is waiting there (or went past it). "First" is by issue order (each record's place
-    in its rank's own journal), then by group and position: never by time, nor by the order of
-    ``ranks``."""
+def divergences(ranks: list[RankView]) -> list[tuple[tuple, Divergence]]:
+    """Each group's first position where members disagree or some member is absent while another
+    one is waiting there (or went past it), keyed by issue order (each record's place in its rank's
+    own journal), then group and position: never by time, nor by the order of ``ranks``. A rank
+    whose records cannot be seen (``UNSEEN``: another node, a rank that left no dump) is absent only
+    where a member has not completed the collective: one that completed had every member."""
     views = {v.rank: v for v in ranks}
     world = len(views)
     place = {id(rec): i for v in views.values() for i, rec in enumerate(v.records)}
@@ -70,11 +72,24 @@ def first_divergence(ranks: list[RankView]) -> Divergence | None:
         seqs = {r: views[r].records_in(pg) for r in members}
         for i in range(max(len(s) for s in seqs.values())):
             at = {r: s[i] for r, s in seqs.items() if len(s) > i}
-            absent = [r for r in members if r not in at]
+            done = all(not rec.pending for rec in at.values())
+            absent = [r for r in members if r not in at and not (done and views[r].status == RankState.UNSEEN)]
             kind = _disagreement(at, pg, world) or (Kind.RANK_LEFT if absent else None)
             if kind:
                 first = min(place[id(rec)] for rec in at.values())
                 found.append(((first, pg_order(pg), i), Divergence(pg, i + 1, dict(sorted(at.items())), absent,
                                                                      kind)))
                 break
-    return min(found, key=lambda item: item[0])[1] if found else None
+    return found
+
+
+def first_divergence(ranks: list[RankView]) -> Divergence | None:
+    """The first divergence by issue order (``divergences``) among those no other one holds: a
+    group whose missing members wait in another group's stalled collective comes after that one
+    (``cascade``)."""
+    found = divergences(ranks)
+    if not found:
+        return None
+    views = {v.rank: v for v in ranks}
+    free = {id(d) for d in roots([d for _, d in found], views)}
+    return min((item for item in found if id(item[1]) in free), key=lambda item: item[0])[1]

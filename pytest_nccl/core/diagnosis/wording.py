@@ -30,6 +30,10 @@ class Words:
     stalled: str              # waited the whole bound
     # the call outside any collective when it ended: "the test exceeded its {} s bound"
     exceeded: str = "the {call} exceeded its {} s bound"
+    unseen: str = "cannot be seen by this watch (on another node)"  # a rank whose records are not known
+    outside: str = "is busy outside any collective"  # a running rank in no collective
+    since_last: bool = False  # ... followed by the last collective it completed (nothing else says where it is)
+    spanned: str = ""  # the report's trace header, where neither a test's nor a job's: "{bound}" in it
 
     def bound(self, value: float) -> str:
         """'the 60 s bound' / '60 s (--timeout)'."""
@@ -50,6 +54,8 @@ class Words:
 
     def span(self, elapsed: float, bound: float) -> str:
         """The report's trace header: how long the call ran, against what."""
+        if self.spanned:
+            return self.spanned.format(bound=f"{bound:g}")
         if self is JOB:
             return f"{elapsed:.1f} s after init_process_group, --timeout {bound:g} s"
         return f"{elapsed:.2f} s of a {bound:g} s bound"
@@ -141,7 +147,7 @@ def state_of(view: RankView, pg: str, views: dict | None = None, quote: int = FU
     """Why this rank is not in the collective the others wait in (``quote``: how much of its place a
     headline quotes, ``outside.FULL`` first)."""
     if view.status == RankState.UNSEEN:  # how far it got is not known here
-        return "cannot be seen by this watch (on another node)"
+        return words.unseen
     count = view.count_in(pg)
     after = f"after {count} collective{'s' if count != 1 else ''} in group {pg}"
     if view.status == RankState.DEAD:  # where it was when it went, if its stack was written then
@@ -165,7 +171,16 @@ def state_of(view: RankView, pg: str, views: dict | None = None, quote: int = FU
     rendezvous = rendezvous_at(view.stack) if view.outside_wait is None else ""  # else: the tracer saw it
     if rendezvous:
         return f"waits in a rendezvous at {rendezvous} that a member of the new group never joined, {after}"
-    return f"{running_state(view, views, quote) or 'is busy outside any collective'}, {after}"
+    idle = running_state(view, views, quote) or words.outside
+    last = last_completed(view) if words.since_last else None
+    if last is not None:
+        idle += f" since {where(last)}"
+    return f"{idle}, {after}"
+
+
+def last_completed(view: RankView) -> CollectiveRecord | None:
+    """The collective this rank completed last, in any group (issue order)."""
+    return next((r for r in reversed(view.records) if r.state == RecordState.COMPLETED), None)
 
 
 def waiting_summary(views: list[RankView]) -> str:

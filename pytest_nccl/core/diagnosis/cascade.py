@@ -1,0 +1,80 @@
+"""A cascade: one group stalls because a member never entered its collective, and groups that share
+members with it stall behind it (a stuck tensor-parallel group holds every data-parallel group it
+meets). The root is one finding; the groups behind it are a consequence, said in one line.
+
+A divergence is *downstream* when every member it lacks waits in another divergence's collective:
+those members are not elsewhere by choice, they are held. Pure: tested on records built by hand.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..groups import GroupId
+from ..records import RankView
+from ..states import Kind
+from .findings import Divergence
+from .wording import few
+
+_NUMBERED = re.compile(r"^(.*?)(\d+)$")
+
+
+def _held(div: Divergence, views: dict[int, RankView], others: list[Divergence]) -> bool:
+    """Every member ``div`` lacks waits in one of ``others``' collectives, at its position."""
+    if div.kind != Kind.RANK_LEFT or not div.absent:
+        return False
+    for r in div.absent:
+        cur = views[r].current if r in views else None
+        if cur is None or not any(o is not div and cur.pg == o.pg and cur.seq == o.seq and r in o.records
+                                  for o in others):
+            return False
+    return True
+
+
+def roots(found: list[Divergence], views: dict[int, RankView]) -> list[Divergence]:
+    """The divergences that are not downstream of another one (all of them when each is held by
+    another: a cycle is a deadlock, for the deadlock rules to name)."""
+    free = [d for d in found if not _held(d, views, found)]
+    return free or found
+
+
+def downstream(root: Divergence, found: list[Divergence], views: dict[int, RankView]) -> list[Divergence]:
+    """The divergences held, directly or through others, by members waiting in ``root``."""
+    held = [root]
+    rest = [d for d in found if d is not root]
+    grew = True
+    while grew:
+        grew = False
+        for d in list(rest):
+            if _held(d, views, held):
+                held.append(d)
+                rest.remove(d)
+                grew = True
+    return held[1:]
+
+
+def groups_text(labels: list[str]) -> str:
+    """'dp_*' for dp_0 ... dp_7, 'group x' for one, else 'N groups'."""
+    names = sorted({GroupId.parse(label).name for label in labels})
+    if len(names) == 1:
+        return f"group {labels[0]}"
+    stems = {m.group(1) if (m := _NUMBERED.match(n)) else n for n in names}
+    if len(stems) == 1:
+        return f"{stems.pop()}*"
+    return f"{len(names)} groups"
+
+
+def cascade_line(root: Divergence, found: list[Divergence], views: dict[int, RankView]) -> str:
+    """'; behind it, 1016 ranks wait in reduce_scatter #403 of dp_* for members of tp_64[512-519]',
+    or '' without a cascade."""
+    behind = downstream(root, found, views)
+    if not behind:
+        return ""
+    waiting = sorted({r for d in behind for r, rec in d.records.items() if rec.pending})
+    if not waiting:
+        return ""
+    first = next(iter(behind[0].records.values()))
+    places = {(next(iter(d.records.values())).op, next(iter(d.records.values())).number) for d in behind}
+    what = f"{first.op} #{first.number}" if len(places) == 1 else f"{len(places)} collectives"
+    return (f"; behind it, {few(waiting)} wait in {what} of {groups_text([d.pg for d in behind])} "
+            f"for members of {root.pg}")
