@@ -144,3 +144,11 @@ def test_the_follower_pairs_as_transfers_come_and_keeps_only_the_unpaired():
     follower.add(1, batch(1, 3, recv(None, "[1]")))
     follower.add(0, batch(0, 2, send(1, "[9]")))
     assert follower.add(1, batch(1, 4, recv(0, "[3]"))) == []
+
+
+def test_a_rank_gloo_aborted_is_the_consequence_not_its_peer_that_lost_the_connection():
+    views = exchange("[2, 16]", "[4, 8]", ["[4, 8]", "[2, 16]"], state=RecordState.WAITING)
+    views = [view(0, RankState.FAILED, views[0].records, message="RuntimeError: Connection reset by peer"),
+             view(1, RankState.DEAD, views[1].records, signal_name="SIGABRT")]
+    diag = diagnose(views, Reason.COMPLETED, 60)
+    assert diag.kind == Kind.P2P_MISMATCH and diag.headline.endswith("; rank 1 killed by SIGABRT")

@@ -12,6 +12,7 @@ from ..records import P2P, CollectiveRecord, RankView
 from ..sites import headline_site
 from ..states import Kind, RankState, RecordState
 from ..waits import P2PIndex
+from .divergence import PEER_GONE
 from .findings import Diagnosis
 from .wording import HEADLINE_WIDTH, brief
 
@@ -86,15 +87,15 @@ def pairing_headline(found: list[Crossing]) -> str:
 
 
 def pairing_diagnosis(found: list[Crossing], ranks: list[RankView]) -> Diagnosis:
-    """The verdict on crossed pairs: what happened to the receiving side (gloo rejected a size it
-    did not expect; else the tensors arrived with the wrong shape: the result is wrong)."""
+    """The verdict on crossed pairs, with what followed: a rank gloo aborted on a size it did not
+    expect, one that raised (not because a peer went), or the tensors arrived with the wrong shape."""
     c = found[0]
-    views = {v.rank: v for v in ranks}
-    receiver = views.get(c.recv.rank)
-    if receiver is not None and receiver.status == RankState.FAILED:
-        then = f"rank {receiver.rank} raised {brief(receiver.message or receiver.exc_type)}"
-    elif receiver is not None and receiver.status == RankState.DEAD:
-        then = f"rank {receiver.rank} {receiver.exit_description}"
+    dead = [v for v in ranks if v.status == RankState.DEAD]
+    raised = [v for v in ranks if v.status == RankState.FAILED and not any(m in v.message for m in PEER_GONE)]
+    if dead:
+        then = f"rank {dead[0].rank} {dead[0].exit_description}"
+    elif raised:
+        then = f"rank {raised[0].rank} raised {brief(raised[0].message or raised[0].exc_type)}"
     elif c.send.p2p.state == c.recv.p2p.state == RecordState.COMPLETED:
         then = "the backend completed it without an error: the received tensor is wrong"
     else:
