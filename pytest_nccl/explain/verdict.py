@@ -158,7 +158,7 @@ def gaps(dumps: list[RankDump], missing: list[int], diag: Diagnosis | None, tabl
         group = by_label.get(diag.pg.removesuffix(":p2p")) if diag is not None and diag.pg else None
         oldest = [(d.rank, d.oldest.get((group.name, False))) for d in wrapped] if group else []
         shown = [f"rank {r} from #{seq}" for r, seq in oldest if seq is not None][:3]
-        where = f" of group {group.label}: {', '.join(shown)}" if group and shown else ""
+        where = f" (group {group.label}: {', '.join(shown)})" if group and shown else ""
         out.append(f"the ring buffer of {rank_list([d.rank for d in wrapped])} wrapped: collectives before each one's "
                    f"oldest kept entry are not known{where}")
     return out

@@ -19,16 +19,32 @@ from .wording import few
 _NUMBERED = re.compile(r"^(.*?)(\d+)$")
 
 
-def _held(div: Divergence, views: dict[int, RankView], others: list[Divergence]) -> bool:
-    """Every member ``div`` lacks waits in one of ``others``' collectives, at its position."""
+def _held(div: Divergence, views: dict[int, RankView], others: list[Divergence],
+          culprits: frozenset = frozenset()) -> bool:
+    """Every member ``div`` lacks waits in one of ``others``' collectives, at its position, or is
+    one of ``culprits`` (a root's own missing members: a group that waits for them directly is
+    behind the same root)."""
     if div.kind != Kind.RANK_LEFT or not div.absent:
         return False
     for r in div.absent:
+        if r in culprits:
+            continue
         cur = views[r].current if r in views else None
         if cur is None or not any(o is not div and cur.pg == o.pg and cur.seq == o.seq and r in o.records
                                   for o in others):
             return False
     return True
+
+
+def next_for(div: Divergence, views: dict[int, RankView]) -> int:
+    """How early the missing members left ``div``'s group: the place, in their own issue order, of
+    their last record there. Of two groups a rank is missing from, the one it left longest ago is
+    the collective it would have issued next (a training step visits its groups in turn)."""
+    places = []
+    for r in div.absent:
+        records = views[r].records if r in views else []
+        places.append(max((i for i, rec in enumerate(records) if rec.pg == div.pg), default=-1))
+    return min(places, default=-1)
 
 
 def roots(found: list[Divergence], views: dict[int, RankView]) -> list[Divergence]:
@@ -39,14 +55,16 @@ def roots(found: list[Divergence], views: dict[int, RankView]) -> list[Divergenc
 
 
 def downstream(root: Divergence, found: list[Divergence], views: dict[int, RankView]) -> list[Divergence]:
-    """The divergences held, directly or through others, by members waiting in ``root``."""
+    """The divergences held, directly or through others, by members waiting in ``root``, or waiting
+    for ``root``'s missing members themselves."""
     held = [root]
-    rest = [d for d in found if d is not root]
+    rest = [d for d in found if d.pg != root.pg]
+    culprits = frozenset(root.absent)
     grew = True
     while grew:
         grew = False
         for d in list(rest):
-            if _held(d, views, held):
+            if _held(d, views, held, culprits):
                 held.append(d)
                 rest.remove(d)
                 grew = True

@@ -24,8 +24,9 @@ from ..records import CollectiveRecord, RankView
 from ..sites import headline_site, rendezvous_at
 from ..states import Kind, RankState, Reason, RecordState
 from ..waits import stuck_ranks
+from .cascade import cascade_line
 from .deadlock import deadlock_diagnosis
-from .divergence import PEER_GONE, first_divergence, gloo_disagreement
+from .divergence import PEER_GONE, divergences, first_divergence, gloo_disagreement
 from .findings import Diagnosis, Divergence
 from .outside import NO_FUNCTION, busy_at, in_rendezvous
 from .pairing import crossed_pairs, pairing_diagnosis
@@ -223,10 +224,12 @@ _LEAVING = {RankState.DEAD: 0, RankState.FAILED: 1}
 
 
 def _left_first(div: Divergence, views: dict) -> RankView:
-    """The absent member that explains the divergence: the one that stopped earliest in the group
-    (fewest collectives there), a dead or failed one before one that left cleanly, then the lowest."""
+    """The absent member that explains the divergence: one that was seen before one that was not,
+    the one that stopped earliest in the group (fewest collectives there), a dead or failed one
+    before one that left cleanly, then the lowest."""
     return min((views[r] for r in div.absent),
-               key=lambda v: (not v.finished, len(v.records_in(div.pg)), _LEAVING.get(v.status, 2), v.rank))
+               key=lambda v: (not v.finished, v.status == RankState.UNSEEN, len(v.records_in(div.pg)),
+                              _LEAVING.get(v.status, 2), v.rank))
 
 
 def _absent(div: Divergence, views: dict, reason: Reason, bound: float, words: Words) -> Diagnosis:
@@ -244,6 +247,8 @@ def _absent(div: Divergence, views: dict, reason: Reason, bound: float, words: W
     waits = waiting_for(rec, views.get(rec.rank))
     if all(views[r].status == RankState.DEAD for r in waiting):  # they waited in it until they went
         verb, waits = "waited", f"in {where(rec)} until {ended_in(views[rec.rank], rec)}"
+    if len(same) > 1 and state.startswith("is "):
+        state = "are " + state[3:]
     headline = f"{rank_list(same)} {state}; {rank_list(waiting)} {verb} {waits}"
     if len(headline) >= HEADLINE_WIDTH - len("slow rank: "):  # too long: the function's name goes, not
         headline = (f"{rank_list(same)} {state_of(first, div.pg, views, NO_FUNCTION, words)}; "  # the line it waits in
@@ -265,10 +270,12 @@ def _absent(div: Divergence, views: dict, reason: Reason, bound: float, words: W
         kind = Kind.GROUP_MISMATCH if first.current is not None else Kind.SLOW_RANK
         if kind == Kind.SLOW_RANK and (rendezvous_at(first.stack) or in_rendezvous(first)):
             kind = Kind.RENDEZVOUS
-        elif kind == Kind.SLOW_RANK and reason != Reason.INTERRUPTED:  # slow: only once it waited the bound
+        elif kind == Kind.SLOW_RANK and reason not in (Reason.INTERRUPTED, Reason.DUMPED):  # slow: only once
+            # it waited the bound
             headline = "slow rank: " + headline
     else:
         kind = Kind.RANK_LEFT
+    headline += cascade_line(div, [d for _, d in divergences(list(views.values()))], views)
     # ranks this watch cannot see are named all (a node's worth); else the first, whom the line is about
     return Diagnosis(kind, headline, same if kind == Kind.UNSEEN else [first.rank], div.pg, div.seq, div)
 

@@ -9,7 +9,7 @@ from ..groups import GroupId, members_of
 from ..ops import P2P_OPS, SHAPE_MATCHED_OPS, SPLIT_OPS
 from ..records import CollectiveRecord, RankView
 from ..states import Kind, RankState, Source
-from .cascade import roots
+from .cascade import next_for, roots
 from .findings import Divergence
 
 # What a rank raises when a peer it talks to died: a consequence, not the cause (and whether it came
@@ -92,4 +92,7 @@ def first_divergence(ranks: list[RankView]) -> Divergence | None:
         return None
     views = {v.rank: v for v in ranks}
     free = {id(d) for d in roots([d for _, d in found], views)}
-    return min((item for item in found if id(item[1]) in free), key=lambda item: item[0])[1]
+    first = min((item for item in found if id(item[1]) in free), key=lambda item: item[0])[1]
+    # groups that miss the same rank: the root is the one it would have entered next
+    same = [d for _, d in found if id(d) in free and set(d.absent) & set(first.absent)]
+    return min(same, key=lambda d: next_for(d, views)) if len(same) > 1 else first
