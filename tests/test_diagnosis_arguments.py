@@ -79,8 +79,8 @@ PATTERNS = {
                     view(1, "failed", [rec(1, 1, "all_to_all_single", state="entered", splits="1,3/2,2")],
                          message="RuntimeError: [enforce fail at gloo/alltoallv.cc:138] "
                                  "inLengthPerRank[myRank] == outLengthPerRank[myRank].")],
-                   "split mismatch in all_to_all_single #1 of group default: rank 1 sends 1 to rank 0, "
-                   "which expects 2, and 1 more pair (from /w/test_x.py:5); gloo rejected it on rank 1 "
+                   "split mismatch in all_to_all_single #1 of group default: rank 1 sends [1, 3] but "
+                   "rank 0 expects 2 from it, and 1 more pair (from /w/test_x.py:5); gloo rejected it on rank 1 "
                    "(inLengthPerRank[myRank] == outLengthPerRank[myRank])", "CollectiveMismatch"),
     "mesh-skip": ([view(r, "running", [rec(r, 1, pg="tp[0,1]", line=51), rec(r, 1, "barrier", "", "entered", line=52)])
                    for r in (0, 1)]

@@ -154,7 +154,7 @@ EXPECTED = {
         ", which rank 3 never receives (it passed); rank 2 waits in irecv(src=1, tag=0) from "
         f"{_at('for work in dist.batch_isend_irecv(ops):')}, which rank 1 never sends", "CollectiveMismatch"),
     "test_all_to_all_splits": (
-        "split mismatch in all_to_all_single #1 of group default: rank 1 sends 1 to rank 0, which expects 2, "
+        "split mismatch in all_to_all_single #1 of group default: rank 1 sends [1, 3] but rank 0 expects 2 from it, "
         f"and 1 more pair (from {_at('output_split_sizes=[2, 2]')}); gloo rejected it on rank 1 "
         "(inLengthPerRank[myRank] == outLengthPerRank[myRank])", "CollectiveMismatch"),
     "test_mesh_skip": (f"rank 2 skipped all_reduce #1 of group tp[2,3] from {_at('# the tp all_reduce')} "
@@ -183,8 +183,9 @@ EXPECTED = {
         f"without rank 1, rank 1 in all_reduce #1 of group grads[0,1] from {_at('group=group)')} without rank 0",
         "CollectiveMismatch"),
     "test_all_to_all_abort": (
-        "split mismatch in all_to_all_single #1 of group default: rank 0 sends 2 to rank 1, which expects 1, and 1 "
-        f"more pair (from {_at('output_split_sizes=n')}); rank 1 killed by SIGABRT inside it", "CollectiveMismatch"),
+        "split mismatch in all_to_all_single #1 of group default: rank 0 sends [2, 2] but rank 1 expects 1 from it, "
+        f"and 1 more pair (from {_at('output_split_sizes=n')}); rank 1 killed by SIGABRT inside it",
+        "CollectiveMismatch"),
 }
 # what blocks (or, for a reduce op, completes) at once: the failure within 2 s of it on an idle
 # machine; the bound is 60 s, so 5 s leaves a loaded 2-core runner its margin

@@ -45,6 +45,8 @@ from .wording import (
     where,
 )
 
+SPLITS_SHOWN = 8  # split sizes a headline lists whole; a larger group's: the one in question
+
 
 def diagnose(ranks: list[RankView], reason: Reason, bound: float, words: Words = TEST) -> Diagnosis | None:
     """``reason``: "completed" (every rank finished), "decided" (a rule found the outcome), "timeout"
@@ -161,9 +163,16 @@ def _mismatch(div: Divergence, ranks: list[RankView]) -> Diagnosis:
     elif div.kind == Kind.SPLIT_MISMATCH:
         pairs = split_disagreement(recs, div.pg, len(ranks))
         sender, receiver, sent, expected = pairs[0]
-        to = "itself" if sender == receiver else f"rank {receiver}"
+        sends = (recs[sender].split_lists() or ([], []))[0]
         more = f", and {len(pairs) - 1} more pair{'s' if len(pairs) > 2 else ''}" if len(pairs) > 1 else ""
-        what = f"split mismatch in {first.op} {pos}: rank {sender} sends {sent} to {to}, which expects {expected}{more}"
+        if len(sends) <= SPLITS_SHOWN:  # all it sends, one size per rank of the group
+            whom = "expects" if sender == receiver else f"rank {receiver} expects"
+            what = (f"split mismatch in {first.op} {pos}: rank {sender} sends {sends} but {whom} {expected} from "
+                    f"{'itself' if sender == receiver else 'it'}{more}")
+        else:  # a large group: the one size in question
+            to = "itself" if sender == receiver else f"rank {receiver}"
+            what = (f"split mismatch in {first.op} {pos}: rank {sender} sends {sent} to {to} but it expects "
+                    f"{expected}{more}")
         odd = sorted({p[0] for p in pairs})
     else:
         name, value = {Kind.DTYPE_MISMATCH: ("dtype", lambda rec: rec.dtype or "?"),
