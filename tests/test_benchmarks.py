@@ -98,3 +98,29 @@ def test_nothing_a_run_starts_outlives_it(tmp_path, monkeypatch):
         time.sleep(0.02)
     assert state() in ("gone", "Z", "X")
     assert whole_process.processes_with_tag(uuid.uuid4().hex) == []
+
+
+def test_bench_explain_runs_measures_and_caps(tmp_path):
+    """benchmarks/bench_explain.py: a whole process timed with its peak RSS, a run past the cap killed and
+    shown as such, a failing command not run again, the Markdown table."""
+    import bench_explain
+
+    log = str(tmp_path / "log")
+    grow = bench_explain.Command("grow", [sys.executable, "-c", "b = bytearray(200 << 20); print(len(b))"])
+    run = bench_explain.run_once(grow, log, cap=60)
+    assert run.rc == 0 and run.wall > 0 and run.rss_mb > 190
+    slow = bench_explain.Command("slow", [sys.executable, "-c", "import time; time.sleep(30)"])
+    fails = bench_explain.Command("fails", [sys.executable, "-c", "raise SystemExit(5)"], ok=(0, 3))
+    sides = [bench_explain.Side(slow), bench_explain.Side(fails)]
+    start = time.monotonic()
+    bench_explain.measure(sides, pairs=2, cap=0.5, log_path=log, out=open(os.devnull, "w"))
+    assert time.monotonic() - start < 20
+    assert len(sides[0].runs) == 1 and sides[0].runs[0].wall is None and sides[0].cell() == ("> 0", "-")
+    assert len(sides[1].runs) == 1 and sides[1].cell() == ("failed (exit 5)", "-")
+    cmds = bench_explain.commands("/d", "nccl_trace_rank_")
+    assert cmds["explain"].argv[1:] == ["-m", "pytest_nccl", "explain", "/d"] and cmds["explain"].ok == (0, 3)
+    assert cmds["fr_trace"].argv[-3:] == ["/d", "--prefix", "nccl_trace_rank_"]
+    text = bench_explain.table([{"ranks": 128, "files_mb": 45.2, "explain": ("1.0", "80"),
+                                 "fr_trace": ("> 600", "-")}])
+    assert text.splitlines()[0] == "| ranks | files MB | explain s | explain MB | fr_trace s | fr_trace MB |"
+    assert text.splitlines()[-1] == "| 128 | 45 | 1.0 | 80 | > 600 | - |"
