@@ -6,13 +6,16 @@ On a machine without GPUs the trainer needs ``use_cpu=True`` (``ddp_backend="glo
 ``use_cpu=False`` transformers' DeepSpeed path builds accelerate's state with no backend, counts 1
 process, and DeepSpeed's batch check fails ("train_batch_size is not equal to micro_batch_per_gpu *
 gradient_acc_step * world_size 2 != 2 * 1 * 2"). With it, accelerate still switches to
-DistributedType.DEEPSPEED and ZeRO-3 really partitions (parameters have ds_shape and numel 0).
+DistributedType.DEEPSPEED and ZeRO-3 really partitions (parameters have ds_shape and numel 0), unless
+ACCELERATE_USE_CPU is set, which turns DeepSpeed off: the test unsets the plugin's.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import math
+import os
+from unittest import mock
 
 import pytest
 import torch.distributed as dist
@@ -50,6 +53,10 @@ def train_sft(stage: int, output_dir: str) -> dict:
     model = tiny_causal_lm("llama", tokenizer=tok)
     dataset = datasets.Dataset.from_dict({"text": [f"sample number {i} says hello" for i in range(16)]})
     with clean_state() as stack:
+        # accelerate takes DeepSpeed off under ACCELERATE_USE_CPU, which the plugin's CPU ranks get as
+        # under accelerate's debug_launcher (docs/support.md): this test asks for DeepSpeed by name
+        stack.enter_context(mock.patch.dict(os.environ))
+        os.environ.pop("ACCELERATE_USE_CPU", None)
         reset_hf_state()
         args = trl_compat.make_config(
             "sft", output_dir, max_steps=STEPS, per_device_train_batch_size=2, max_length=32,
