@@ -4,6 +4,8 @@ the group; a user's setting wins and GPU groups get nothing (``Placement.library
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from conftest import run_inner_once
 
@@ -12,50 +14,8 @@ from pytest_nccl.placement import CPU_RANK_ENV, Placement, place
 
 pytest.importorskip("accelerate")
 
-# Each test starts from fresh accelerate singletons: a warm rank keeps an earlier test's.
-CPU_CASES = """
-import pytest
-
-
-def fresh_state():
-    from accelerate.state import AcceleratorState, GradientState
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-
-
-@pytest.mark.nccl
-def test_accelerator_counts_the_group(world_size):
-    fresh_state()
-    from accelerate import Accelerator
-    from accelerate.utils import DistributedType
-    accelerator = Accelerator()
-    assert (accelerator.num_processes, accelerator.distributed_type) == (world_size, DistributedType.MULTI_CPU)
-
-
-@pytest.mark.nccl
-def test_partial_state_as_accelerate_scripts_make_it(world_size):
-    fresh_state()
-    from accelerate import PartialState
-    from accelerate.utils import parse_flag_from_env
-    assert PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU")).num_processes == world_size
-
-
-@pytest.mark.nccl
-def test_accelerate_ops_program():
-    fresh_state()
-    from accelerate.test_utils.scripts import test_ops
-    test_ops.main()
-
-
-@pytest.mark.nccl
-def test_accelerate_sync_program(world_size):
-    fresh_state()
-    from accelerate import Accelerator
-    from accelerate.test_utils.scripts import test_sync
-    # counted as one process, main() would take its one-process path and prove nothing
-    assert Accelerator().num_processes == world_size
-    test_sync.main()
-"""
+# the module the canary runs with the newest releases (.ci/canary.py): one source for both
+PROGRAMS = Path(__file__).parent.parent / ".ci" / "canary_tests" / "test_accelerate_programs.py"
 
 CASES = ("test_accelerator_counts_the_group", "test_partial_state_as_accelerate_scripts_make_it",
          "test_accelerate_ops_program", "test_accelerate_sync_program")
@@ -68,7 +28,7 @@ def cpu_session(tmp_path_factory):
         mp.setenv("CUDA_VISIBLE_DEVICES", "")
         for key in CPU_RANK_ENV:  # an outer session's own setting would stand in for the plugin's
             mp.delenv(key, raising=False)
-        return run_inner_once(tmp_path_factory, CPU_CASES, "--nccl-world=2")
+        return run_inner_once(tmp_path_factory, PROGRAMS.read_text(), "--nccl-world=2")
 
 
 @pytest.mark.parametrize("case", CASES)
