@@ -112,11 +112,15 @@ def window(entries: list[dict], keep: int = KEEP_COMPLETED) -> tuple[list[dict],
     done: dict[tuple[str, bool], int] = {}
     oldest: dict[tuple[str, bool], int] = {}
     out = []
-    for entry in reversed(entries):
-        name, p2p, seq = seq_of(entry)
-        key = (name, p2p)
-        oldest[key] = seq
-        if completed(entry):
+    for entry in reversed(entries):  # every entry of a large job's every rank passes here: kept lean
+        pg = entry.get("process_group")
+        p2p = entry.get("is_p2p")
+        if p2p is None:
+            p2p = is_p2p(entry)
+        key = (str(pg[0]) if pg else "", bool(p2p))
+        seq = entry.get("p2p_seq_id" if p2p else "collective_seq_id")
+        oldest[key] = _int(seq if seq is not None else entry.get("seq_id"))
+        if entry.get("state") == "completed" or entry.get("retired"):
             n = done.get(key, 0)
             done[key] = n + 1
             if n >= keep:
@@ -130,6 +134,11 @@ def parse_ranks(text) -> tuple[int, ...] | None:
     """pg_config's ranks ("[0, 1, 2]", a list in JSON); None for none or unreadable."""
     if isinstance(text, (list, tuple)):
         ranks = text
+    elif isinstance(text, str) and text.startswith("[") and text.endswith("]"):
+        try:  # torch's form, "[0, 1, 2]": read without compiling it (a dump of 4,096 groups names them all)
+            ranks = [int(r) for r in text[1:-1].split(",") if r.strip()]
+        except ValueError:
+            return None
     else:
         try:
             ranks = ast.literal_eval(str(text))
@@ -157,12 +166,14 @@ def status_of(dump: dict) -> dict[str, tuple[int, int, int]]:
     """pg_status by group name: name -> (last enqueued, last started, last completed) collective (-1:
     none). torch keys it by the rank's own index of the group (an entry's ``pg_id``), not its name:
     a group none of whose entries the buffer kept cannot be named, and is left out."""
-    names = {}
-    for entry in dump.get("entries") or ():
+    status = dump.get("pg_status") or {}
+    names: dict[str, str] = {}
+    for entry in reversed(dump.get("entries") or ()):
         pg = entry.get("process_group") or ("",)
         names.setdefault(str(entry.get("pg_id")), str(pg[0]))
+        if len(names) >= len(status):  # every group it reports is named: the rest repeats them
+            break
     out = {}
-    status = dump.get("pg_status") or {}
     for key, value in status.items() if isinstance(status, dict) else ():
         name = names.get(str(key))
         if isinstance(value, dict) and name:

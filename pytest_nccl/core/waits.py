@@ -59,11 +59,15 @@ class P2PIndex:
         return out
 
 
-def behind(view: RankView, rec: CollectiveRecord) -> bool:
+_ASK = object()  # behind(): the view's current record not known yet
+
+
+def behind(view: RankView, rec: CollectiveRecord, cur=_ASK) -> bool:
     """NCCL: ``view``'s rank issued collective ``rec`` (of another rank) too, but its stream cannot
     start it: a synchronous collective it issued before is in flight, the current stream waits for
-    that one, and every collective issued after it waits for the current stream."""
-    cur = view.current
+    that one, and every collective issued after it waits for the current stream. ``cur``: the
+    view's current record, where the caller has it already."""
+    cur = view.current if cur is _ASK else cur
     if view.status != RankState.RUNNING or cur is None or cur.state != RecordState.IN_FLIGHT or cur.async_op:
         return False
     theirs = view.records_in(rec.pg)
@@ -82,8 +86,17 @@ def stuck_ranks(views: dict) -> dict:
     index = None
     waits = {}
     world = len(views)
+    # asked for every member of every waiting rank's group: once per rank (a job of 1,024 ranks)
+    currents = {r: view.current for r, view in views.items()}
+    counts: dict[tuple[int, str], int] = {}
+
+    def count(m: int, pg: str) -> int:
+        if (m, pg) not in counts:
+            counts[(m, pg)] = len(views[m].records_in(pg))
+        return counts[(m, pg)]
+
     for r, view in sorted(views.items()):
-        cur = view.current if view.status == RankState.RUNNING else None
+        cur = currents[r] if view.status == RankState.RUNNING else None
         if cur is None or cur.source != Source.PYTHON:
             continue
         if cur.p2p:
@@ -95,7 +108,7 @@ def stuck_ranks(views: dict) -> dict:
             continue  # a transfer without its peers (a v1 journal): nothing certain
         else:
             needs = [[m] for m in members_of(cur.pg, world)
-                     if m in views and (len(views[m].records_in(cur.pg)) < cur.seq or behind(views[m], cur))]
+                     if m in views and (count(m, cur.pg) < cur.seq or behind(views[m], cur, currents[m]))]
         if needs:
             waits[r] = (cur, needs)
     finished = {r for r, v in views.items() if v.finished}

@@ -54,24 +54,39 @@ def exit_code(result: Explained) -> int:
     return EXIT_NO_DIVERGENCE if result.diagnosis is None else EXIT_DIAGNOSED
 
 
+TABLE_GROUPS = 8  # groups a report's table shows; past it, only those the verdict names
+
+
 def text(result: Explained, files: int) -> str:
     """What the command prints: the headline (or that no rank diverges), what the dumps cannot tell,
-    then the report as a failed test's."""
-    from ..views.report import format_report
+    then the report as a failed test's: the collective table, the divergence, where each rank is."""
+    from ..core.records import RankView
+    from ..views.report import format_divergence, format_positions
+    from ..views.table import format_table
 
-    outcome = result.outcome
+    outcome, diag = result.outcome, result.diagnosis
     lines = [f"pytest-nccl explain: {files} dump{'s' if files != 1 else ''} of a {result.world}-rank job"
              f"{' (' + outcome.backend + ')' if outcome.backend else ''}"]
-    if result.diagnosis is not None:
-        lines.append(f"{result.diagnosis.exception_name}: {result.diagnosis.headline}")
+    if diag is not None:
+        lines.append(f"{diag.exception_name}: {diag.headline}")
     else:
         lines.append("no rank diverges: every member of each group reached the same collective")
         lines += [f"  {p}" for p in result.progress]
     lines += [f"  note: {g}" for g in result.gaps]
-    body = format_report(outcome.views, result.diagnosis, outcome.elapsed, outcome.bound, outcome.backend, DUMPS)
-    if result.diagnosis is not None:
-        body = body.split("\n", 1)[1] if "\n" in body else ""  # the headline is above
-    lines.append(body)
+    views = outcome.views
+    groups = sorted({rec.pg for v in views for rec in v.records})
+    shown = groups
+    if len(groups) > TABLE_GROUPS:  # a large job's table is the groups the verdict names
+        named = [g for g in groups if diag is not None and (g == diag.pg or g in diag.headline)]
+        shown = named[:TABLE_GROUPS] or groups[:1]
+        views = [RankView(v.rank, status=v.status, records=[r for r in v.records if r.pg in shown]) for v in views]
+    lines.append(f"\n-- collective trace ({outcome.backend + ', ' if outcome.backend else ''}{result.world} ranks, "
+                 f"{DUMPS.span(0.0, outcome.bound)}"
+                 f"{f'; {len(shown)} of {len(groups)} groups: those the verdict names' if shown != groups else ''}) --")
+    lines.append(format_table(views, diag))
+    if diag is not None and diag.divergence is not None:
+        lines += ["", format_divergence(diag)]
+    lines += ["\n-- where each rank is --", format_positions(outcome.views, DUMPS, outcome.counts)]
     return "\n".join(lines)
 
 

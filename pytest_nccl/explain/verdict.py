@@ -201,8 +201,11 @@ def explain(dumps: list[RankDump], world: int | None = None) -> Explained:
     bound = max((d.timeout_s for d in dumps), default=0.0)
     diag = verdict(views, Reason.DUMPED, bound, DUMPS)
     backend = ",".join(sorted({b for d in dumps for b in d.backend.split(",") if b}))
-    result = Explained(CallOutcome(views=views, reason=Reason.DUMPED, bound=bound, backend=backend),
-                       world, missing, groups=table)
+    # what each rank had entered in each group, by the ids its Flight Recorder counted (the window
+    # holds only the last of them)
+    counts = {v.rank: {pg: n for rec in v.records for pg, n in [(rec.pg, rec.number)]} for v in views}
+    result = Explained(CallOutcome(views=views, reason=Reason.DUMPED, bound=bound, backend=backend,
+                                   counts=counts), world, missing, groups=table)
     if diag.kind in AGREED:
         result.progress = progress(views)
     else:

@@ -53,7 +53,15 @@ def _folded(texts: dict[int, str]) -> list[tuple[str, str]]:
     by_text: dict[str, list[int]] = {}
     for r, text in sorted(texts.items()):
         by_text.setdefault(text, []).append(r)
-    return [(f"rank{'s' if len(rs) > 1 else ''} {rank_ranges(rs)}", text) for text, rs in by_text.items()]
+    return [(_who(rs), text) for text, rs in by_text.items()]
+
+
+def _who(ranks: list[int]) -> str:
+    """'rank 3', 'ranks 0-2'; a long list (a strided group of a large job): '128 ranks (0,8,...,1016)'."""
+    text = rank_ranges(ranks)
+    if len(text) > 60:
+        return f"{len(ranks)} ranks ({ranks[0]},{ranks[1]},...,{ranks[-1]})"
+    return f"rank{'s' if len(ranks) > 1 else ''} {text}"
 
 
 def format_positions(ranks: list[RankView], words: Words = TEST, counts: dict | None = None) -> str:
