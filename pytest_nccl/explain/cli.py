@@ -14,6 +14,8 @@ from typing import Sequence, TextIO
 from ..core.reports import CallOutcome
 from ..usage import EXIT_USAGE, Parser, UsageError, report
 from .load import InputError, load, rank_files
+from .testtrace import beside
+from .testtrace import read as read_test_trace
 from .verdict import DUMPS, Explained, Refused, explain
 
 EXIT_DIAGNOSED = 3
@@ -132,7 +134,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "pytest-nccl explain",
         files = rank_files(ns.paths)
         if ns.world is not None and max(files) >= ns.world:
             raise InputError(f"{files[max(files)]} is the dump of rank {max(files)}, outside --world {ns.world}")
-        result = explain(list(load(files, jobs=ns.jobs)), ns.world)
+        companion = beside(ns.paths[0]) if len(ns.paths) == 1 else None
+        test = read_test_trace(companion) if companion else None
+        result = explain(list(load(files, jobs=ns.jobs)), ns.world, test)
     except (InputError, Refused) as exc:
         err.write(f"{prog}: error: {exc}\n")
         return EXIT_USAGE
@@ -144,5 +148,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "pytest-nccl explain",
         except OSError as exc:
             err.write(f"{prog}: error: cannot write the trace to {ns.trace_dir}: {exc.strerror or exc}\n")
             return EXIT_USAGE
+    if test is not None and not ns.json:
+        out.write(f"pytest-nccl explain: with the test's trace {test.path}\n")
     out.write((as_json(result) if ns.json else text(result, len(files))) + "\n")
     return exit_code(result)

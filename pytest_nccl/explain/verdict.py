@@ -15,13 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..core.diagnosis import Diagnosis
-from ..core.diagnosis.wording import Words, rank_list
+from ..core.diagnosis.wording import TEST, Words, rank_list
 from ..core.frdump import FrGroup, Numbering, RankDump, records_of, seq_of
 from ..core.groups import DEFAULT
 from ..core.judge import verdict
 from ..core.records import RankView
 from ..core.reports import CallOutcome
 from ..core.states import Kind, RankState, Reason
+from .testtrace import TestTrace, apply
 
 DUMPS = Words(call="job", left="exited", not_started="never created the default process group",
               passed="exited", raised="raised ", timeout="{} s (the collectives' timeout)",
@@ -186,9 +187,10 @@ def progress(views: list[RankView]) -> list[str]:
     return out
 
 
-def explain(dumps: list[RankDump], world: int | None = None) -> Explained:
-    """The verdict on one job's dumps (of a ``world``-rank job, where the user knows); raises
-    ``Refused`` for dumps that are not one job at one time."""
+def explain(dumps: list[RankDump], world: int | None = None, test: TestTrace | None = None) -> Explained:
+    """The verdict on one job's dumps (of a ``world``-rank job, where the user knows; of a failed
+    test whose trace JSON is ``test``: in the test's words); raises ``Refused`` for dumps that are
+    not one job at one time."""
     world = world_of(dumps, world)
     table = group_table(dumps, world)
     check_one_job(dumps, table)
@@ -199,7 +201,12 @@ def explain(dumps: list[RankDump], world: int | None = None) -> Explained:
              else RankView(r, status=RankState.UNSEEN) for r in range(world)]
     missing = [r for r in range(world) if r not in by_rank]
     bound = max((d.timeout_s for d in dumps), default=0.0)
-    diag = verdict(views, Reason.DUMPED, bound, DUMPS)
+    reason, words = Reason.DUMPED, DUMPS
+    if test is not None:
+        apply(views, test)
+        reason, words, bound = test.reason, TEST, test.bound
+        missing = [r for r in missing if views[r].status == RankState.UNSEEN]
+    diag = verdict(views, reason, bound, words)
     backend = ",".join(sorted({b for d in dumps for b in d.backend.split(",") if b}))
     # what each rank had entered in each group, by the ids its Flight Recorder counted (the window
     # holds only the last of them)

@@ -170,10 +170,10 @@ def _trim_stack(stack: str, max_lines: int = 60) -> str:
 
 
 def trace_json(nodeid: str, ranks: list[RankView], diagnosis: Diagnosis | None, elapsed: float,
-               bound: float, backend: str) -> str:
+               bound: float, backend: str, reason: str = "") -> str:
     return json.dumps({
         "test": nodeid, "backend": backend, "world": len(ranks), "elapsed_s": round(elapsed, 3),
-        "bound_s": bound,
+        "bound_s": bound, "reason": reason or None,
         "diagnosis": None if diagnosis is None else {
             "kind": diagnosis.kind, "headline": diagnosis.headline, "ranks": diagnosis.ranks,
             "group": diagnosis.pg, "seq": diagnosis.seq},

@@ -27,7 +27,7 @@ def write_trace(directory: str, name: str, outcome: CallOutcome,
     the swimlane page last (absent when the views could not be written)."""
     views, diag = outcome.views, outcome.diagnosis
     args = (name, views, diag, outcome.elapsed, outcome.bound, outcome.backend)
-    written = write_trace_dir(directory, name, trace_json(*args), outcome.fr_pickle)
+    written = write_trace_dir(directory, name, trace_json(*args, reason=outcome.reason), outcome.fr_pickle)
     base = os.path.join(directory, safe_filename(name))
     try:
         with open(base + ".trace.json", "w", encoding="utf-8") as f:
