@@ -118,7 +118,12 @@ def report(date: str, pinned: dict, newest: dict, side: dict, runs: list[Run], p
     for name in (*NEWEST, *SIDE):
         new = newest.get(name) or side.get(name) or "did not install"
         pin = pinned.get(name, "not pinned")
-        mark = "same" if new == pin or new.split("+")[0] == pin else "newer"
+        if name not in newest and name not in side:
+            mark = "did not install"
+        elif name not in pinned:
+            mark = "no pin to compare"
+        else:
+            mark = "same" if new.split("+")[0] == pin else "newer"
         if name in SIDE:
             mark += " (--no-deps, not run)"
         lines.append(f"| {name} | {pin} | {new} | {mark} |")
