@@ -1,6 +1,6 @@
 """One simulated node of a job for ``benchmarks/scale_watch.py``: R ranks of a job of N nodes, played by
 this one process (standard library only, no torch), writing in ``$PYTEST_NCCL_WATCH_DIR`` the files
-a real rank of a watched job writes there (``pytest_nccl/watch/jobdir.py``):
+a real rank of a watched job writes there (``pytest_nccl/core/jobdir.py``):
 
 - ``torch-PID`` (the start-up hook's marker: a process of the job imported torch);
 - ``rank-R.json`` per rank (``RankInfo``: world N*R, local_world R, node, this process's pid and
@@ -41,9 +41,9 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from pytest_nccl.core import jobdir  # noqa: E402
 from pytest_nccl.core.reports import RankReport  # noqa: E402  (stdlib-only modules)
 from pytest_nccl.core.states import RankState  # noqa: E402
-from pytest_nccl.watch import jobdir  # noqa: E402
 
 SITE = "/bench/train.py:42"     # the call site every rank's E line names
 SHAPE, ODD_SHAPE = "[1024]", "[1025]"

@@ -42,10 +42,10 @@ if TYPE_CHECKING:
 
 from .budget import MIN_BOUND, Budget, pytest_timeout_of
 from .core.call import signal_of
+from .core.jobdir import ENV_DIR
 from .core.messages import LaunchedVerdict, Quit, TestCall, TestEnded, TestFollowed
 from .interrupts import ENDING, PREVIOUS_HANDLER, stop_message
 from .session import NcclSession, exception_class, item_budget, record_failure
-from .watch.jobdir import ENV_DIR
 
 LAUNCHED_KEY = pytest.StashKey["Launched"]()
 RANKS_START = 10.0   # seconds of pytest-timeout's budget kept for the ranks to start (at most a quarter)

@@ -64,7 +64,7 @@ def in_folder(*folders: str) -> set:
 RANK_SIDE = in_folder("core", "rank") | {
     "errors",
     # pytest-nccl watch: the start-up hook every process of a watched job runs
-    "watch", "watch.jobdir", "watch.timing", "watch.debug",
+    "watch", "watch.timing", "watch.debug",
     *(name for name in MODULES if name.startswith("watch.inrank"))}
 # Pure: tested on data with a fake clock; no torch, no processes, no sockets.
 PURE = in_folder("core") | {"settings", "views.timeline", "views.swimlane", "views.github", "bisect.tomlcompat",

@@ -14,6 +14,7 @@ import time
 
 from watch_support import free_port
 
+from pytest_nccl.core import jobdir
 from pytest_nccl.core.sidecalls import CallState, SideCall, SideVerdict, judge
 from pytest_nccl.core.sidejoin import (
     SILENT_AFTER,
@@ -26,7 +27,6 @@ from pytest_nccl.core.sidejoin import (
     may_end,
     merge,
 )
-from pytest_nccl.watch import jobdir
 
 STORE = "127.0.0.1:51216"
 

@@ -12,11 +12,11 @@ import time
 from watch_support import free_port
 
 from pytest_nccl.core.agreement import Digest
+from pytest_nccl.core.jobdir import RankInfo
 from pytest_nccl.core.messages import AgentRequest
 from pytest_nccl.core.reports import RankReport
 from pytest_nccl.core.states import RankState
 from pytest_nccl.watch.engine.channel import Ask, Channel, Details, NodeSummary, RankSummary
-from pytest_nccl.watch.jobdir import RankInfo
 
 TIMEOUT = 6           # the watch's --timeout
 

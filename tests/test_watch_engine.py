@@ -7,8 +7,8 @@ import os
 import socket
 import time
 
+from pytest_nccl.core import jobdir
 from pytest_nccl.core.states import Kind
-from pytest_nccl.watch import jobdir
 from pytest_nccl.watch.engine.job import Ended, Engine
 
 

@@ -32,7 +32,7 @@ import subprocess, sys, threading, time
 from datetime import timedelta
 import torch.distributed as dist
 from pytest_nccl.watch.engine.channel import Channel, connect
-from pytest_nccl.watch.jobdir import RankInfo
+from pytest_nccl.core.jobdir import RankInfo
 
 CALL = 2.0
 SILENT = ("import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(8); "
@@ -189,7 +189,7 @@ LAST_LINE_JOB = """
 import os, sys
 import torch, torch.distributed as dist
 from pytest_nccl.rank import trace_completion
-from pytest_nccl.watch import jobdir
+from pytest_nccl.core import jobdir
 from pytest_nccl.watch.inrank import inject
 
 trace_completion.FLUSH_EVERY = 60.0

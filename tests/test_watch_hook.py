@@ -21,9 +21,9 @@ import pytest
 from conftest import assert_no_leftovers
 from watch_support import JOBS, REPO, free_port, job_env, line_in, run_watch
 
+from pytest_nccl.core import jobdir
 from pytest_nccl.core.reports import RankReport
 from pytest_nccl.core.states import RankState
-from pytest_nccl.watch import jobdir
 from pytest_nccl.watch.engine.control import STARTUP_DIR
 
 HOOK_TIMEOUT = 120

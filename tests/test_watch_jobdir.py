@@ -4,8 +4,8 @@ know still reads (a rank of another version, a test's file)."""
 
 import json
 
-from pytest_nccl.watch import jobdir
-from pytest_nccl.watch.jobdir import JoiningNote, RankInfo
+from pytest_nccl.core import jobdir
+from pytest_nccl.core.jobdir import JoiningNote, RankInfo
 
 
 def test_a_rank_info_reads_back_as_written(tmp_path):

@@ -34,7 +34,7 @@ last = world - 1                                        # a rank of the last nod
 # A job trains minutes before it fails: time for the watches, which import torch, to reach each other
 # (10 s and more on a loaded host). Here: until rank 0's watch announced the channel (up to 60 s).
 from pytest_nccl.watch.engine.channel import announcement_key
-from pytest_nccl.watch.jobdir import attempt_of
+from pytest_nccl.core.jobdir import attempt_of
 store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
 key = announcement_key(f"{os.environ.get('TORCHELASTIC_RUN_ID') or 'job'}/{attempt_of(os.environ)}")
 for _ in range(600):

@@ -49,10 +49,10 @@ def test_a_plain_sigkill_of_a_rank_in_a_counted_cgroup_is_no_oom_kill(tmp_path, 
 def test_where_says_a_rank_the_oom_killer_took(tmp_path, small_memory_cgroup):
     """``pytest-nccl where`` (SIGUSR1) words a dead rank as a verdict does: the OOM killer's, here a
     real process in the small cgroup that the kernel killed, followed as the watch follows a rank."""
+    from pytest_nccl.core.jobdir import RankInfo, process_start
     from pytest_nccl.core.states import RankState
     from pytest_nccl.watch.engine.follow import Followed, LocalRank
     from pytest_nccl.watch.engine.where import place_of
-    from pytest_nccl.watch.jobdir import RankInfo, process_start
 
     directory, path, _ = small_memory_cgroup
     child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline(); held = []\n"

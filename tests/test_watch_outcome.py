@@ -8,9 +8,10 @@ import socket
 
 import pytest
 
+from pytest_nccl.core import jobdir
 from pytest_nccl.core.diagnosis import Diagnosis
+from pytest_nccl.core.jobdir import RankInfo
 from pytest_nccl.core.states import Kind, RankState, Reason
-from pytest_nccl.watch import jobdir
 from pytest_nccl.watch.engine.monitor import Monitor
 from pytest_nccl.watch.engine.outcome import (
     EXIT_DIAGNOSED,
@@ -26,7 +27,6 @@ from pytest_nccl.watch.engine.outcome import (
     peers_line,
     waited_for_peers,
 )
-from pytest_nccl.watch.jobdir import RankInfo
 
 DIED, HANG, RAISED, RANK_LEFT = Kind.DIED, Kind.HANG, Kind.RAISED, Kind.RANK_LEFT
 SHAPE_MISMATCH, SLOW_RANK = Kind.SHAPE_MISMATCH, Kind.SLOW_RANK

@@ -12,11 +12,11 @@ import sys
 from collective_records import record
 from watch_support import job_env
 
+from pytest_nccl.core import jobdir
 from pytest_nccl.core.journal import JournalTail
 from pytest_nccl.core.referee import TIMING, Referee
 from pytest_nccl.core.reports import RankReport
 from pytest_nccl.core.states import RankState, Reason
-from pytest_nccl.watch import jobdir
 from pytest_nccl.watch.engine import present
 from pytest_nccl.watch.engine.follow import JournalFile
 from pytest_nccl.watch.engine.monitor import Monitor

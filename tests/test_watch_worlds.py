@@ -10,7 +10,7 @@ import sys
 
 from watch_support import JOBS, line_in, run_watch, untouched
 
-from pytest_nccl.watch import jobdir
+from pytest_nccl.core import jobdir
 
 JOB = JOBS / "two_worlds_job.py"
 
@@ -75,11 +75,11 @@ def test_ranks_never_seen_are_outside_only_once_a_collective_completed(tmp_path)
     took part in it and run outside this watch (unseen)."""
     from collective_records import record
 
+    from pytest_nccl.core.jobdir import RankInfo
     from pytest_nccl.core.referee import Referee
     from pytest_nccl.core.states import RankState, RecordState
     from pytest_nccl.watch.engine.follow import Followed, RemoteRank
     from pytest_nccl.watch.engine.monitor import Monitor
-    from pytest_nccl.watch.jobdir import RankInfo
 
     monitor = Monitor(str(tmp_path), 8.0, connect=lambda info, decides: None)
     try:

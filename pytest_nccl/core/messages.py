@@ -26,8 +26,8 @@ SPMD: the launcher's c10d store (``spmd/store.py`` names the keys)
     t/.../snap/<rank>    a rank still in the test: ``RankReport`` (RUNNING, stacks, journal), or b"-"
     t/.../verdict        rank 0's ``Verdict``, pickled: the same outcome on every rank
 
-Watch: files in the job's directory and each rank's agent socket (``watch/jobdir.py`` names them)
-    rank-<R>.json        ``watch.jobdir`` rank info (JSON): pid, host, world, backend
+Watch: files in the job's directory and each rank's agent socket (``core/jobdir.py`` names them)
+    rank-<R>.json        ``core.jobdir`` rank info (JSON): pid, host, world, backend
     exit-<R>.json        the rank's ``RankReport`` (JSON form), written at exit
     agent socket         one ``AgentRequest`` word per connection, answered with one JSON object
     sidecall-<PID>-<N>.json  ``core.sidecalls.SideCall`` (JSON): a member of a group outside c10d

@@ -25,8 +25,8 @@ import sys
 import threading
 import time
 
+from ..core import jobdir
 from ..core.sidecalls import CallState, SideCall
-from ..watch import jobdir
 from .trace_sites import call_site
 
 GROUP_MODULE = "vllm.distributed.utils"

@@ -10,10 +10,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable, Protocol
 
+from ...core.jobdir import RankInfo
 from ...core.messages import AgentRequest
 from ...core.reports import RankReport
 from ..debug import debug as _debug
-from ..jobdir import RankInfo
 from ..timing import TIMING
 from .channel import Details, RankSummary
 from .follow import Followed, RemoteRank, all_at_once, ask_all

@@ -43,9 +43,9 @@ import zlib
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
+from ...core.jobdir import RankInfo
 from ...core.messages import AgentRequest
 from ..debug import debug as _debug
-from ..jobdir import RankInfo
 from ..timing import TIMING
 from .channel_store import IN_TORCH, STATS, Counted, make_store
 

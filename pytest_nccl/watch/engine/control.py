@@ -24,8 +24,8 @@ import subprocess
 import tempfile
 import time
 
+from ...core import jobdir
 from ...core.nccl_env import nccl_env
-from .. import jobdir
 from ..timing import TIMING
 from .leftovers import Guardian, ShmFiles
 

@@ -12,13 +12,13 @@ import threading
 import time
 from typing import BinaryIO
 
+from ...core import jobdir
+from ...core.jobdir import RankInfo
 from ...core.journal import JournalTail
 from ...core.messages import AgentRequest
 from ...core.reports import RankReport
 from ...core.states import RankState
 from ...memcg import OomWatch
-from .. import jobdir
-from ..jobdir import RankInfo
 from .channel import RankSummary
 
 READ_CHUNK = 8 << 20      # bytes of one journal read in one tick at most

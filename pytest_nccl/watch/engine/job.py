@@ -24,12 +24,12 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
+from ...core import jobdir
 from ...core.diagnosis.wording import rank_list
 from ...core.messages import AgentRequest
 from ...core.records import CollectiveRecord, RankView
 from ...core.reports import CallOutcome
 from ...core.states import Kind, Reason, RecordState
-from .. import jobdir
 from ..timing import TIMING
 from . import present
 from .joining import JoiningProcesses, join_failures

@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import time
 from typing import Protocol
 
 from ...core.call import Dumps, flight_recorder_merged
 from ...core.flight import with_flight_recorder
 from ...core.messages import AgentRequest
+from ...core.nccl_env import dump_env, dump_prefix
 from ...core.records import RankView
 from ...core.reports import RankReport
 from ...core.states import RankState, Reason
+from ...explain.load import InputError, read_dump
 from .follow import Followed, fr_progress
 from .window import Window
 
@@ -26,6 +29,7 @@ class FollowedJob(Protocol):
     ranks: dict[int, Followed]
     world: int
     window: Window
+    dir: str
 
     def read(self, f: Followed) -> None: ...
 
@@ -91,7 +95,26 @@ class JobView:
                 dumps.fr_json[r] = answer["fr_json"]
             if answer.get("fr_pickle"):
                 dumps.fr_pickle[r] = base64.b64decode(answer["fr_pickle"])
+        self._timeout_dumps(dumps)
         return dumps
+
+    def _timeout_dumps(self, dumps: Dumps) -> None:
+        """The dumps NCCL's watchdog wrote (dump-on-timeout) of the ranks that gave none: a rank it
+        ended answers nothing, and its file is what its stream had completed."""
+        prefix = dump_prefix({**os.environ, **dump_env(os.environ, self.m.dir)})
+        if prefix is None:
+            return
+        for r in range(self.m.world):
+            path = f"{prefix}{r}"
+            if r in dumps.fr_json or not os.path.isfile(path):
+                continue
+            try:
+                dump = read_dump(path)
+                with open(path, "rb") as f:
+                    dumps.fr_pickle[r] = f.read()
+            except (InputError, OSError):
+                continue  # half written when the rank was killed: the verdict goes on without it
+            dumps.fr_json[r] = json.dumps(dump, default=str)
 
     def release(self, live: list[int]) -> None:
         pass  # the job is the watch's caller's to end (or to keep running)

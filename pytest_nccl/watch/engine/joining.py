@@ -8,8 +8,8 @@ import os
 import socket
 from dataclasses import replace
 
+from ...core import jobdir
 from ...core.sites import headline_site
-from .. import jobdir
 from .outcome import Joining, Waits, side_group_notice
 
 

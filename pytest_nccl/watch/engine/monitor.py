@@ -17,17 +17,17 @@ import time
 from dataclasses import replace
 from typing import Callable
 
+from ...core import jobdir
 from ...core.call import CallDriver, Dumps
 from ...core.diagnosis.wording import JOB
 from ...core.groups import DEFAULT
+from ...core.jobdir import RankInfo
 from ...core.messages import AgentRequest
 from ...core.referee import TIMING as RULES
 from ...core.referee import Referee
 from ...core.reports import CallOutcome, RankReport
 from ...core.states import RankState, Reason, RecordState
-from .. import jobdir
 from ..debug import debug as _debug
-from ..jobdir import RankInfo
 from ..timing import TIMING
 from .acrossnodes import AcrossNodes
 from .channel import CONNECT_WAIT

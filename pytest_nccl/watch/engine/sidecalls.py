@@ -13,9 +13,9 @@ import socket
 import time
 from dataclasses import dataclass
 
+from ...core import jobdir
 from ...core.sidecalls import SideCall, SideVerdict, group_key, judge, notice
 from ...core.sidejoin import ACK_WAIT, Heard, Shared, live_others, may_end, merge
-from .. import jobdir
 from .outcome import notice_after
 from .sidejoin import SideJoin
 

@@ -7,9 +7,9 @@ Each rank's journal is read as the job left it: the last two segments (``journal
 
 from __future__ import annotations
 
+from ...core import jobdir
 from ...core.journal import parse_journal
 from ...core.stragglers import Straggler, stragglers
-from .. import jobdir
 
 
 def _journal_text(directory: str, rank: int) -> str:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 
+from ...core import jobdir
 from ...core.reports import CallOutcome
 from ...core.states import Reason
-from .. import jobdir
 from ..timing import TIMING
 from .monitor import Monitor
 

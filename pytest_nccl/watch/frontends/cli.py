@@ -28,9 +28,9 @@ import subprocess
 import sys
 import time
 
+from ...core import jobdir
 from ...core.reports import CallOutcome
 from ...core.states import Reason
-from .. import jobdir
 from ..engine import control, present, stragglers, where
 from ..engine.job import Ended, Engine
 from ..engine.outcome import EXIT_DIAGNOSED, exit_status

@@ -11,9 +11,9 @@ import os
 import signal
 import time
 
+from ...core.jobdir import ENV_DIR, process_start
 from ...core.messages import TestCall
 from ..engine.control import _signal
-from ..jobdir import ENV_DIR, process_start
 from ..timing import TIMING
 
 #: processes of the pytest process that serve later tests too: spared (matched in their command line)

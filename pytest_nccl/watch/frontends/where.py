@@ -18,8 +18,8 @@ import sys
 import tempfile
 import time
 
+from ...core import jobdir
 from ...usage import UsageError, line
-from .. import jobdir
 
 PROG = "pytest-nccl where"
 ANSWER_WAIT = 5.0  # seconds a watch has to answer (it asks its ranks' agents for their stacks: ~1 s)

@@ -24,10 +24,10 @@ import socket
 import threading
 import time
 
+from ...core import jobdir
 from ...core.messages import AgentRequest
 from ...rank import flight_api, tracer
 from ...rank.stacks import THREAD_PREFIX, format_stacks
-from .. import jobdir
 from ..timing import TIMING
 
 

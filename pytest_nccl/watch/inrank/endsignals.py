@@ -19,7 +19,7 @@ import os
 import signal
 from typing import TextIO
 
-from .. import jobdir
+from ...core import jobdir
 
 SIGNALS = tuple(signal.Signals[name] for name in jobdir.ENDING_SIGNALS)
 _files: dict[int, TextIO] = {}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .. import jobdir
+from ...core import jobdir
 
 SIGNAL_EXCEPTION = "torch.distributed.elastic.multiprocessing.api"
 

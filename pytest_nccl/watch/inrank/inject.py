@@ -37,7 +37,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, TextIO
 
-from .. import jobdir
+from ...core import jobdir
 from . import endsignals, exitrecord
 from .ownranks import created_by_pytest_nccl
 from .worlds_rank import launcher_env, world_key

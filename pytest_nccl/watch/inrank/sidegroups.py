@@ -28,7 +28,7 @@ import os
 import sys
 from typing import Callable
 
-from .. import jobdir
+from ...core import jobdir
 
 WHAT = "group"  # JoiningNote.what of a side group's member (outcome.Waits.GROUP)
 WRAPPED = "_pytest_nccl_watch"  # inject.WRAPPED: never wrapped twice
