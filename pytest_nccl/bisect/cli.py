@@ -83,27 +83,30 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The command's arguments, on its own parser or on ``pytest-nccl``'s subcommand parser."""
-    # optional to argparse, so that none given is check_args' one line with an example, not
-    # argparse's list of what is required
-    p.add_argument("package", nargs="?", help="distribution name on the index, e.g. trl")
+    add_package_and_range(p, " (a --sweep's; or --good/--bad)")
     p.add_argument("--good", metavar="V", help="a release where the tests pass")
     p.add_argument("--bad", metavar="V", help="a release where the tests fail")
     p.add_argument("--sweep", action="store_true",
                    help="test every release in the range (a verdict each) instead of bisecting")
-    p.add_argument("--from", dest="from_", metavar="V", help="sweep: first release (or use --good/--bad)")
-    p.add_argument("--to", metavar="V", help="sweep: last release")
-    p.add_argument("--versions", metavar="LIST",
-                   help="the releases to consider, comma or space separated, instead of the index's list")
     p.add_argument("--shard", metavar="K/N", help="with --sweep: only this job's share of the releases (K of N)")
     p.add_argument("--results", metavar="FILE", help="with --sweep: write the verdicts here (JSON), for --merge")
     p.add_argument("--balance", metavar="FILE", nargs="+", help="with --shard: share the releases by the seconds "
                    "they took in these earlier shards' --results (default: in turn)")
     p.add_argument("--merge", metavar="FILE", nargs="+", help="print the sweep of these shards' --results; run nothing")
-    add_release_options(p)
     p.add_argument("--no-check-bounds", action="store_true",
                    help="trust --good/--bad instead of testing them first")
-    add_run_timeout(p, "; past it the release is a skip")
-    p.add_argument("-v", "--verbose", action="store_true", help="stream the installer's and pytest's output")
+    add_release_options(p, "; past it the release is a skip")
+
+
+def add_package_and_range(p: argparse.ArgumentParser, range_note: str = "") -> None:
+    """The arguments bisect and matrix share first: the package and which of its releases."""
+    # optional to argparse, so that none given is check_args' one line with an example, not
+    # argparse's list of what is required
+    p.add_argument("package", nargs="?", help="distribution name on the index, e.g. trl")
+    p.add_argument("--from", dest="from_", metavar="V", help=f"first release of the range{range_note}")
+    p.add_argument("--to", metavar="V", help="last release of the range")
+    p.add_argument("--versions", metavar="LIST",
+                   help="the releases, comma or space separated, instead of the index's list for a range")
 
 
 def add_run_timeout(p: argparse.ArgumentParser, more: str = "") -> None:
@@ -114,9 +117,9 @@ def add_run_timeout(p: argparse.ArgumentParser, more: str = "") -> None:
     p.add_argument("--timeout", dest="deprecated_timeout", type=float, default=None, help=argparse.SUPPRESS)
 
 
-def add_release_options(p: argparse.ArgumentParser) -> None:
-    """The options bisect and matrix share: where the release list comes from, and how each
-    release's env is built (the same cache and fingerprint for both)."""
+def add_release_options(p: argparse.ArgumentParser, run_timeout_note: str = "") -> None:
+    """The options bisect and matrix share last: where the release list comes from, how each
+    release's env is built (the same cache and fingerprint for both), a run's bound, -v."""
     p.add_argument("--pre", action="store_true", help="include pre-releases")
     p.add_argument("--include-yanked", action="store_true", help="include yanked releases")
     p.add_argument("--index-url", metavar="URL",
@@ -133,6 +136,8 @@ def add_release_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", metavar="DIR",
                    help="cache root (default $PYTEST_NCCL_CACHE or ~/.cache/pytest-nccl); envs in DIR/envs")
     p.add_argument("--rebuild", action="store_true", help="rebuild envs even when cached (retries failed installs)")
+    add_run_timeout(p, run_timeout_note)
+    p.add_argument("-v", "--verbose", action="store_true", help="stream the installer's and pytest's output")
 
 
 def check_release_options(parser: argparse.ArgumentParser, ns: argparse.Namespace,

@@ -72,10 +72,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The command's arguments, on its own parser or on ``pytest-nccl``'s subcommand parser."""
-    p.add_argument("package", nargs="?", help="distribution name on the index, e.g. trl")
-    p.add_argument("--from", dest="from_", metavar="V", help="first release of the range")
-    p.add_argument("--to", metavar="V", help="last release of the range")
-    p.add_argument("--versions", metavar="LIST", help="the releases, comma or space separated, instead of a range")
+    bisect_cli.add_package_and_range(p)
     p.add_argument("--latest-patch", action="store_true",
                    help="keep only the newest patch release of each minor series")
     p.add_argument("--keep", metavar="V,...", default="",
@@ -92,8 +89,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "under Findings, and an 'about' text shown under the title (default: notes.toml "
                         "beside --results, when there is one)")
     bisect_cli.add_release_options(p)
-    bisect_cli.add_run_timeout(p)
-    p.add_argument("-v", "--verbose", action="store_true", help="stream the installer's and pytest's output")
 
 
 def parse_args(argv: Sequence[str], prog: str = PROG) -> argparse.Namespace:
