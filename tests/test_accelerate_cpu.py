@@ -12,8 +12,6 @@ from conftest import run_inner_once
 from pytest_nccl.core.states import Backend
 from pytest_nccl.placement import CPU_RANK_ENV, Placement, place
 
-pytest.importorskip("accelerate")
-
 # the module the canary runs with the newest releases (.ci/canary.py): one source for both
 PROGRAMS = Path(__file__).parent.parent / ".ci" / "canary_tests" / "test_accelerate_programs.py"
 
@@ -24,6 +22,7 @@ CASES = ("test_accelerator_counts_the_group", "test_partial_state_as_accelerate_
 @pytest.fixture(scope="module")
 def cpu_session(tmp_path_factory):
     """One inner session of the cases at world 2 on the CPU path (CUDA hidden, as on a CPU runner)."""
+    pytest.importorskip("accelerate")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CUDA_VISIBLE_DEVICES", "")
         for key in CPU_RANK_ENV:  # an outer session's own setting would stand in for the plugin's
@@ -49,6 +48,7 @@ def test_accelerator_counts_the_launch(world_size):
 
 
 def test_spmd_cpu_launch(launch, monkeypatch):
+    pytest.importorskip("accelerate")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     for key in CPU_RANK_ENV:
         monkeypatch.delenv(key, raising=False)
