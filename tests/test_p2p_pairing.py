@@ -12,7 +12,7 @@ import collective_records as cr
 from pytest_nccl.core.agreement import Digest, digests_agree, transfers_traced
 from pytest_nccl.core.diagnosis import diagnose
 from pytest_nccl.core.diagnosis.pairing import PairingFollower, crossed_pairs, ordinal
-from pytest_nccl.core.journal import parse_journal, parse_p2p, transfer_text
+from pytest_nccl.core.journal import parse_journal, parse_p2p, transfer_text, transfers_entered
 from pytest_nccl.core.judge import judge
 from pytest_nccl.core.records import P2P
 from pytest_nccl.core.reports import RankReport
@@ -152,3 +152,12 @@ def test_a_rank_gloo_aborted_is_the_consequence_not_its_peer_that_lost_the_conne
              view(1, RankState.DEAD, views[1].records, signal_name="SIGABRT")]
     diag = diagnose(views, Reason.COMPLETED, 60)
     assert diag.kind == Kind.P2P_MISMATCH and diag.headline.endswith("; rank 1 killed by SIGABRT")
+
+
+def test_the_watch_reads_only_transfer_lines():
+    lines = (b"E\tdefault\t1\tall_reduce\t0\t0.1\t[4]\tfloat32\t\t/w/t.py:3\tred=SUM\n"
+             b"E\tdefault:p2p\t1\tbatch_isend_irecv\t1\t0.2\t\t\t\t/w/t.py:4\tp2p=s1:0:4x8:float32,r1:0:2x16:float32\n"
+             b"C\tdefault:p2p\t1\t0.3\n")
+    (rec,) = transfers_entered(lines, 0)
+    assert [(p.send, p.peer, p.shape) for p in rec.p2p] == [(True, 1, "[4, 8]"), (False, 1, "[2, 16]")]
+    assert transfers_entered(lines.split(b"\n", 1)[0] + b"\n", 0) == []

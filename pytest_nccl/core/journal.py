@@ -255,6 +255,8 @@ def transfers_entered(lines: bytes, rank: int) -> list[CollectiveRecord]:
     """The point-to-point records that the whole journal lines ``lines`` enter, with their transfers
     (the watch's pairing check): every other line is skipped unread."""
     out: list[CollectiveRecord] = []
+    if b":p2p\t" not in lines:  # a job without transfers: one scan in C, no line split
+        return out
     for line in lines.split(b"\n"):
         if line.startswith(b"E\t") and b":p2p\t" in line:
             entered = _read_line(line.decode("utf-8", errors="replace"), rank, {})
