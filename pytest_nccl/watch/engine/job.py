@@ -199,7 +199,7 @@ class Engine:
                 return False
             return self._act(finding)
         if not self.quiet:  # a crossed pair ends nothing (the bytes match): said at once, the job goes on
-            for line in self.crossed.lines({r: f.file.path for r, f in monitor.ranks.items() if f.local}):
+            for line in self.crossed.lines(monitor.ranks):
                 self.front.say(f"{PROG}: {line}")
         if reason == Reason.COMPLETED and self._attempt().restartable:
             # every rank of an attempt that may be restarted ended: its verdict now, not at the job's end

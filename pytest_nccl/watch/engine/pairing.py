@@ -22,14 +22,17 @@ class CrossedPairs:
         self.follower = PairingFollower()
         self.said: set[tuple] = set()        # (group, sender, receiver) whose crossing was said
 
-    def lines(self, journals: dict) -> list[str]:
+    def lines(self, ranks: dict) -> list[str]:
         """A line for each pair of ranks whose transfers crossed since the last call and was not said
-        yet, from what the ranks journaled (``journals``: rank -> its journal's path, local ranks)."""
+        yet, from what the ranks (rank -> ``follow.Followed``) journaled; another node's ranks are
+        not read (their journals are there)."""
         found = []
-        for rank, path in sorted(journals.items()):
+        for rank, followed in sorted(ranks.items()):
+            if not isinstance(followed.file, JournalFile):
+                continue
             f = self.files.get(rank)
             if f is None:
-                f = self.files[rank] = JournalFile(path)
+                f = self.files[rank] = JournalFile(followed.file.path)
             data = f.read()
             if f.truncated:  # a restarted rank: its transfers start again
                 f.truncated, self.rest[rank] = False, b""
