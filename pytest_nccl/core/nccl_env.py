@@ -29,6 +29,35 @@ RANK_ENV = {
 # for durations no rule reads).
 
 
+# NCCL's dump on a watchdog timeout: before the watchdog ends a rank whose collective timed out, the
+# rank writes its Flight Recorder to <prefix><rank>. A watched job gets it on, its files in the
+# watch's directory for the job (not /tmp, shared by every job of the host): a rank that the watchdog
+# ends can no longer be asked, and its file is the fresher record of what its stream completed.
+DUMP_ON_TIMEOUT = "TORCH_NCCL_DUMP_ON_TIMEOUT"
+DUMP_FILE, DUMP_FILE_BEFORE_2_8 = "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
+DEFAULT_DUMP_PREFIX = "/tmp/nccl_trace_rank_"  # torch's, where dump-on-timeout is on and no file is named
+DUMP_NAME = "fr_dump_rank_"
+
+
+def dump_env(environ: Mapping[str, str], directory: str, torch_version: str | None = None) -> dict[str, str]:
+    """A watched job's dump-on-timeout settings that ``environ`` does not set already: on, into
+    ``directory``. A user who turned it off (``TORCH_NCCL_DUMP_ON_TIMEOUT=0``) keeps it off."""
+    if DUMP_ON_TIMEOUT in environ:
+        return {}
+    version = torch_version if torch_version is not None else installed_torch()
+    wanted = {DUMP_ON_TIMEOUT: "1"}
+    if DUMP_FILE not in environ and DUMP_FILE_BEFORE_2_8 not in environ:
+        wanted[DUMP_FILE_BEFORE_2_8 if _release(version) < (2, 8) else DUMP_FILE] = os.path.join(directory, DUMP_NAME)
+    return wanted
+
+
+def dump_prefix(environ: Mapping[str, str]) -> str | None:
+    """Where the ranks of a job with ``environ`` write their dumps on a watchdog timeout (None: off)."""
+    if environ.get(DUMP_ON_TIMEOUT, "0").strip().lower() in ("", "0", "false", "no", "off"):
+        return None
+    return environ.get(DUMP_FILE) or environ.get(DUMP_FILE_BEFORE_2_8) or DEFAULT_DUMP_PREFIX
+
+
 def nccl_env(environ: Mapping[str, str], torch_version: str | None = None) -> dict[str, str]:
     """The settings ``environ`` does not set already, for ranks that run ``torch_version`` (default:
     the installed torch's; the Flight Recorder's name depends on it)."""

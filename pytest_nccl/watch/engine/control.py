@@ -25,7 +25,7 @@ import tempfile
 import time
 
 from ...core import jobdir
-from ...core.nccl_env import nccl_env
+from ...core.nccl_env import dump_env, nccl_env
 from ..timing import TIMING
 from .leftovers import Guardian, ShmFiles
 
@@ -44,6 +44,8 @@ def job_env(directory: str) -> dict:
     env[jobdir.ENV_WATCHER] = str(os.getpid())
     env[jobdir.ENV_WATCHER_HOST] = socket.gethostname()
     env.update(nccl_env(env))  # the Flight Recorder, NCCL's watchdog (core/nccl_env.py)
+    if directory:  # ... and its dumps on a timeout, read for the verdict (a launched test's session
+        env.update(dump_env(env, directory))  # template has no directory: its tests keep their own)
     return env
 
 

@@ -95,10 +95,10 @@ class JobView:
                 dumps.fr_json[r] = answer["fr_json"]
             if answer.get("fr_pickle"):
                 dumps.fr_pickle[r] = base64.b64decode(answer["fr_pickle"])
-        self._timeout_dumps(dumps)
+        self.timeout_dumps(dumps)
         return dumps
 
-    def _timeout_dumps(self, dumps: Dumps) -> None:
+    def timeout_dumps(self, dumps: Dumps) -> None:
         """The dumps NCCL's watchdog wrote (dump-on-timeout) of the ranks that gave none: a rank it
         ended answers nothing, and its file is what its stream had completed."""
         prefix = dump_prefix({**os.environ, **dump_env(os.environ, self.m.dir)})

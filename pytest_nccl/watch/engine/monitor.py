@@ -320,6 +320,10 @@ class Monitor:
         backend = next((f.info.backend for f in self.ranks.values()), "")
         outcome = self._driver().conclude(reason, bound=self.timeout, elapsed=now - self.t0,
                                           backend=backend, trace=True, words=JOB, interrupted=interrupted)
+        if not outcome.fr_pickle:  # no rank was left to ask (NCCL's watchdog ended them): their dump files
+            left = Dumps()
+            view.timeout_dumps(left)
+            outcome.fr_json, outcome.fr_pickle = left.fr_json, left.fr_pickle
         if outcome.diagnosis is None:  # clean: the views carry the window all the same
             journals = view.final_journals(outcome.reports, Dumps(fr_json=outcome.fr_json))
             for v in outcome.views:
