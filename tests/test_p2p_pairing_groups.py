@@ -59,11 +59,14 @@ def test_in_order(rank):
 """
 
 JOB = EXCHANGE + """
+import time
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 for step in range(3):
     exchange(rank, crossed=sys.argv[1] == "crossed", batched=True)
     dist.all_reduce(torch.ones(1))
+time.sleep(3)  # the job goes on: the watch has said it by now
+print(f"rank {rank} after the pause", file=sys.stderr, flush=True)
 print(f"rank {rank} done", flush=True)
 dist.destroy_process_group()
 """
@@ -98,6 +101,8 @@ def test_the_watch_says_a_crossed_pair_once_and_the_job_goes_on(tmp_path):
     assert "rank 0 done" in proc.stdout and "rank 1 done" in proc.stdout, proc.stdout
     lines = [ln for ln in proc.stderr.splitlines() if "p2p pairing" in ln]
     assert len(lines) == 1, proc.stderr  # once for the pair of ranks, not once per step
+    # said while the job ran (the watch and the ranks write to one stderr), not at its end
+    assert proc.stderr.index(lines[0]) < proc.stderr.index("after the pause"), proc.stderr
     assert re.fullmatch(
         r"pytest-nccl watch: p2p pairing: rank 0's 1st send to rank 1 \[4, 8\] was received as rank 1's 1st recv "
         rf"from rank 0 \[2, 16\] \(from pp.py:{line_of(JOB, '# BATCH')}\); the job goes on \(its tensors are wrong\)",
