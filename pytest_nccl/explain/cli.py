@@ -113,7 +113,10 @@ def as_json(result: Explained) -> str:
 def write_trace(directory: str, name: str, outcome: CallOutcome, err: TextIO) -> list[str]:
     from ..views.tracedir import write_trace as write
 
-    return write(directory, name, outcome, lambda line: err.write(line + "\n"))
+    def note(line: str) -> None:
+        err.write(line + "\n")
+
+    return write(directory, name, outcome, note)
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "pytest-nccl explain",

@@ -119,10 +119,10 @@ def check_one_job(dumps: list[RankDump], table: dict[str, FrGroup]) -> None:
                 last.setdefault(name, {})[d.rank] = max(enqueued, last.get(name, {}).get(d.rank, 0))
             if completed >= 0:
                 done.setdefault(name, {})[d.rank] = max(completed, done.get(name, {}).get(d.rank, 0))
-    for name, completed in done.items():
+    for name, by_rank in done.items():
         group = table.get(name)
-        members = set(group.ranks) if group and group.ranks else set(completed)
-        ahead, top = max(completed.items(), key=lambda item: item[1])
+        members = set(group.ranks) if group and group.ranks else set(by_rank)
+        ahead, top = max(by_rank.items(), key=lambda item: item[1])
         for r, seq in sorted(last.get(name, {}).items()):
             if r in members and seq < top:
                 label = group.label if group else name
