@@ -50,8 +50,9 @@ def expect_diagnosis(nccl_world):
         diag = err.diagnosis
         headline = diag.headline if diag is not None else str(err)
         wanted = frozenset([rank]) if isinstance(rank, int) else frozenset(rank)
-        print(f"diagnosis (world {nccl_world.size}, {time.monotonic() - t0:.1f} s): {type(err).__name__} "
-              f"[{getattr(diag, 'kind', '?')}] {headline}")
+        span = next((line for line in err.report.splitlines() if line.startswith("-- collective trace")), "")
+        print(f"diagnosis (world {nccl_world.size}, {time.monotonic() - t0:.1f} s; {span.strip('- ')}): "
+              f"{type(err).__name__} [{getattr(diag, 'kind', '?')}] {headline}")
         assert isinstance(err, exc), f"expected {exc.__name__}, got {type(err).__name__}: {headline}"
         assert re.search(op, headline), f"headline does not name /{op}/: {headline}"
         assert wanted in named_rank_sets(headline), f"headline does not name ranks {sorted(wanted)}: {headline}"
