@@ -12,7 +12,7 @@ from pytest_nccl.__main__ import main
 SELECTION = ["--", "suites/trl"]
 CASES = [
     # (arguments, the command that says it, what the line says)
-    ([], "pytest-nccl", "give a command: bisect, matrix, watch"),
+    ([], "pytest-nccl", "give a command: explain, bisect, matrix, watch"),
     (["--bogus"], "pytest-nccl", "unrecognized arguments: --bogus"),
     (["frobnicate"], "pytest-nccl", "invalid choice: 'frobnicate'"),
     (["bisect"], "pytest-nccl bisect", "give the PACKAGE and its releases, e.g. trl --good"),
@@ -32,6 +32,9 @@ CASES = [
      "pytest-nccl matrix", "argument --world: invalid int value: 'two'"),
     (["matrix", "trl", "--versions", "1.0", "--results", "m.json", "--bogus", *SELECTION], "pytest-nccl matrix",
      "unrecognized arguments: --bogus"),
+    (["explain"], "pytest-nccl explain", "the following arguments are required: PATH"),
+    (["explain", "--world", "0", "dumps/"], "pytest-nccl explain", "--world must be a positive number of ranks"),
+    (["explain", "--jobs", "x", "dumps/"], "pytest-nccl explain", "argument --jobs: invalid int value"),
     (["watch"], "pytest-nccl watch", "no command to watch: give it after --"),
     (["watch", "--timeout", "0", "--", "true"], "pytest-nccl watch", "--timeout must be a positive number"),
     (["watch", "--timeout", "x", "--", "true"], "pytest-nccl watch", "argument --timeout: invalid float value"),
