@@ -183,10 +183,24 @@ def status_of(dump: dict) -> dict[str, tuple[int, int, int]]:
     return out
 
 
+# what a verdict reads of an entry; the rest (output sizes, thread ids, timestamps of discovery) is
+# left behind with the dump, and the frames become their call site at once
+_READ = ("record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id", "seq_id", "is_p2p",
+         "profiling_name", "state", "retired", "input_sizes", "input_dtypes", "time_created_ns", "duration_ms")
+
+
+def slim(entry: dict) -> dict:
+    """The part of an entry a verdict reads, its frames as a call site (``site``)."""
+    out = {key: entry[key] for key in _READ if key in entry}
+    out["site"] = site_of(entry.get("frames"))
+    return out
+
+
 def summarize(dump: dict, rank: int, path: str, keep: int = KEEP_COMPLETED) -> RankDump:
-    """What a reader keeps of one rank's loaded dump."""
+    """What a reader keeps of one rank's loaded dump: small whatever the buffer's size."""
     entries = dump.get("entries") or []
     kept, oldest = window(entries, keep)
+    kept = [slim(e) for e in kept]
     first_id = _int(entries[0].get("record_id")) if entries else 0
     backends = {op_of(e)[0] for e in entries[-16:]}
     timeout = max((_int(e.get("timeout_ms")) for e in entries[-16:]), default=0)
@@ -262,7 +276,7 @@ def records_of(dump: RankDump, numbering: dict[str, Numbering], t0_ns: int = 0) 
         rec = CollectiveRecord(
             rank=dump.rank, pg=n.label + (":p2p" if p2p else ""), seq=seq - n.start + 1 if not p2p else seq,
             op=op, shapes=_shapes(entry.get("input_sizes") or []), dtype=_dtype(entry),
-            async_op=stream, site=site_of(entry.get("frames")), thread="", state=state,
+            async_op=stream, site=entry["site"] if "site" in entry else site_of(entry.get("frames")), state=state,
             t_start=max(0, _int(entry.get("time_created_ns")) - t0_ns) / 1e9 if t0_ns else 0.0,
             duration=float(duration) / 1000 if isinstance(duration, (int, float)) else None,
             source=Source.PYTHON, fr_seq=seq, group=name, before=0 if p2p else n.start - 1)
