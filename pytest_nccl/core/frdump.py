@@ -305,7 +305,7 @@ def _fold(rec: CollectiveRecord, entry: dict, op: str, detail: str, state: Recor
     if rec.p2p and op in ("send", "recv"):
         rec.p2p.append(_transfer(op, detail, n, state))
         rec.op = "batch_isend_irecv"
-    elif op != "coalesced" and op not in rec.op.split("+"):
+    elif not op.lower().endswith("coalesced") and op not in rec.op.split("+"):  # the block's closing entry
         rec.op = f"{rec.op}+{op}"
     if state != RecordState.COMPLETED:
         rec.state = state

@@ -96,3 +96,21 @@ def cascade_line(root: Divergence, found: list[Divergence], views: dict[int, Ran
     what = f"{first.op} #{first.number}" if len(places) == 1 else f"{len(places)} collectives"
     return (f"; behind it, {few(waiting)} wait in {what} of {groups_text([d.pg for d in behind])} "
             f"for members of {root.pg}")
+
+
+def transfer_chain(view: RankView, views: dict[int, RankView]) -> list[tuple[int, str]]:
+    """Where a rank's point-to-point wait leads: (rank, the transfer it waits on, as written) for each
+    rank along the chain, each waiting for the peer of its transfer, and last the rank the chain
+    ends at (with ''): one that waits on no transfer. Empty when ``view`` waits on none."""
+    chain: list[tuple[int, str]] = []
+    seen = {view.rank}
+    r, cur = view.rank, view.current
+    while cur is not None and cur.p2p:
+        transfer = (cur.blocking_p2p() or cur.p2p)[0]
+        chain.append((r, transfer.call(cur.op)))
+        if transfer.peer is None or transfer.peer in seen or transfer.peer not in views:
+            return []  # from any source, or a cycle: the deadlock rules' to name
+        r = transfer.peer
+        seen.add(r)
+        cur = views[r].current
+    return chain + [(r, "")] if chain else []

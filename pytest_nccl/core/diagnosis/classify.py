@@ -19,12 +19,12 @@ Headlines group ranks that share a view ("ranks 0-14 all_reduce, rank 15 barrier
 from __future__ import annotations
 
 from ..agreement import split_disagreement
-from ..groups import members_of
+from ..groups import GroupId, members_of
 from ..records import CollectiveRecord, RankView
 from ..sites import headline_site, rendezvous_at
 from ..states import Kind, RankState, Reason, RecordState
 from ..waits import stuck_ranks
-from .cascade import cascade_line
+from .cascade import cascade_line, transfer_chain
 from .deadlock import deadlock_diagnosis
 from .divergence import PEER_GONE, divergences, first_divergence, gloo_disagreement
 from .findings import Diagnosis, Divergence
@@ -285,6 +285,13 @@ def _absent(div: Divergence, views: dict, reason: Reason, bound: float, words: W
     else:
         kind = Kind.RANK_LEFT
     headline += cascade_line(div, [d for _, d in divergences(list(views.values()))], views)
+    chain = transfer_chain(first, views) if first.status == RankState.RUNNING else []
+    if chain:  # it waits on a pipeline's transfers: the rank at their end holds it
+        end = views[chain[-1][0]]
+        pg = GroupId.parse(first.current.pg).collectives.label if first.current is not None else div.pg
+        steps = ", ".join(f"rank {r} on {call}" for r, call in chain[:-1])
+        headline += (f"; the transfers it waits on lead to rank {end.rank} ({steps}): rank {end.rank} "
+                     f"{state_of(end, pg + ':p2p', views, words=words)}")
     # ranks this watch cannot see are named all (a node's worth); else the first, whom the line is about
     return Diagnosis(kind, headline, same if kind == Kind.UNSEEN else [first.rank], div.pg, div.seq, div)
 
