@@ -35,6 +35,7 @@ CASES = [
     (["explain"], "pytest-nccl explain", "the following arguments are required: PATH"),
     (["explain", "--world", "0", "dumps/"], "pytest-nccl explain", "--world must be a positive number of ranks"),
     (["explain", "--jobs", "x", "dumps/"], "pytest-nccl explain", "argument --jobs: invalid int value"),
+    (["explain", "--jobs", "0", "dumps/"], "pytest-nccl explain", "--jobs must be a positive number of processes"),
     (["watch"], "pytest-nccl watch", "no command to watch: give it after --"),
     (["watch", "--timeout", "0", "--", "true"], "pytest-nccl watch", "--timeout must be a positive number"),
     (["watch", "--timeout", "x", "--", "true"], "pytest-nccl watch", "argument --timeout: invalid float value"),

@@ -25,7 +25,7 @@ dump-on-timeout, torch's _dump_fr_trace, a test's or the watch's .fr folder), by
 and the watch use: the rank that never entered the collective the others wait in, the op, the
 group, the sequence number and the line."""
 EPILOG = """PATH: a folder of dumps, a file prefix as NCCL writes them (/tmp/nccl_trace_rank_),
-or single files; pickle or JSON, torch 2.6 to 2.15.
+or single files; pickle or JSON, any schema torch writes (read by the keys present).
 
 exit status:
   0  no rank diverges (every group's progress is printed)
@@ -131,6 +131,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "pytest-nccl explain",
     try:
         if ns.world is not None and ns.world < 1:
             raise UsageError(f"--world must be a positive number of ranks, not {ns.world}", prog)
+        if ns.jobs is not None and ns.jobs < 1:
+            raise UsageError(f"--jobs must be a positive number of processes, not {ns.jobs}", prog)
     except UsageError as exc:
         return report(exc, prog, err)
     try:
