@@ -8,26 +8,11 @@ exception class and a headline that names the p2p ops, the rank(s) and the ``fil
 
 from __future__ import annotations
 
-import re
-import time
+import functools
 
 import pytest
 
-import pytest_nccl
-
-# "rank 3", "ranks 1,3", "ranks 0-2": one mention of ranks in a headline
-MENTION = re.compile(r"\branks? (\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*)\b")
-
-
-def named_rank_sets(headline: str) -> list[frozenset]:
-    sets = []
-    for m in MENTION.finditer(headline):
-        ranks: set[int] = set()
-        for part in m.group(1).split(","):
-            lo, _, hi = part.partition("-")
-            ranks.update(range(int(lo), int(hi or lo) + 1))
-        sets.append(frozenset(ranks))
-    return sets
+from pytest_nccl.testing.expect import expect_diagnosis as expect
 
 
 def pytest_configure(config):
@@ -37,26 +22,6 @@ def pytest_configure(config):
 
 @pytest.fixture
 def expect_diagnosis(nccl_world):
-    """``expect_diagnosis(fn, *args, exc=..., op=REGEX, rank=N or {N, ...}, site=REGEX)``: run ``fn``
-    on every rank; it must fail as ``exc`` with a headline naming the p2p ops (``op``), exactly
-    ``rank`` in one mention, and the call site (``site``). Returns the error."""
-
-    def check(fn, *args, exc=pytest_nccl.CollectiveMismatch, op: str, rank, site: str):
-        __tracebackhide__ = True
-        t0 = time.monotonic()
-        with pytest.raises(pytest_nccl.DistributedTestFailure) as info:
-            nccl_world.run(fn, *args)
-        err = info.value
-        diag = err.diagnosis
-        headline = diag.headline if diag is not None else str(err)
-        wanted = frozenset([rank]) if isinstance(rank, int) else frozenset(rank)
-        span = next((line for line in err.report.splitlines() if line.startswith("-- collective trace")), "")
-        print(f"diagnosis (world {nccl_world.size}, {time.monotonic() - t0:.1f} s; {span.strip('- ')}): "
-              f"{type(err).__name__} [{getattr(diag, 'kind', '?')}] {headline}")
-        assert isinstance(err, exc), f"expected {exc.__name__}, got {type(err).__name__}: {headline}"
-        assert re.search(op, headline), f"headline does not name /{op}/: {headline}"
-        assert wanted in named_rank_sets(headline), f"headline does not name ranks {sorted(wanted)}: {headline}"
-        assert re.search(site, headline), f"headline does not name the call site /{site}/: {headline}"
-        return err
-
-    return check
+    """``expect_diagnosis(fn, *args, exc=..., op=REGEX, rank=N or {N, ...}, site=REGEX)`` on this
+    test's world (``pytest_nccl.testing.expect_diagnosis``)."""
+    return functools.partial(expect, nccl_world)
