@@ -149,16 +149,22 @@ def parse_ranks(text) -> tuple[int, ...] | None:
     return tuple(ranks)
 
 
-def groups_of(dump: dict) -> dict[str, FrGroup]:
-    """The groups a dump's pg_config names (gloo's names only an empty one: ``{'': ...}``)."""
+def groups_of(dump: dict, known: dict | None = None) -> dict[str, FrGroup]:
+    """The groups a dump's pg_config names (gloo's names only an empty one: ``{'': ...}``). ``known``:
+    the groups read from earlier dumps, by what pg_config says of them: every rank lists the default
+    group's every rank, so a job of N ranks would hold N of them otherwise (one object, shared)."""
     out = {}
+    known = {} if known is None else known
     config = dump.get("pg_config") or {}
     for key, value in config.items() if isinstance(config, dict) else ():
         if not isinstance(value, dict):
             continue
         name = str(value.get("name", key))
         if name:
-            out[name] = FrGroup(name, str(value.get("desc") or ""), parse_ranks(value.get("ranks")))
+            said = (name, str(value.get("desc") or ""), str(value.get("ranks")))
+            if said not in known:
+                known[said] = FrGroup(said[0], said[1], parse_ranks(value.get("ranks")))
+            out[name] = known[said]
     return out
 
 
@@ -196,8 +202,9 @@ def slim(entry: dict) -> dict:
     return out
 
 
-def summarize(dump: dict, rank: int, path: str, keep: int = KEEP_COMPLETED) -> RankDump:
-    """What a reader keeps of one rank's loaded dump: small whatever the buffer's size."""
+def summarize(dump: dict, rank: int, path: str, keep: int = KEEP_COMPLETED, known: dict | None = None) -> RankDump:
+    """What a reader keeps of one rank's loaded dump: small whatever the buffer's size (``known``:
+    ``groups_of``'s groups of the dumps read before)."""
     entries = dump.get("entries") or []
     kept, oldest = window(entries, keep)
     kept = [slim(e) for e in kept]
@@ -205,7 +212,7 @@ def summarize(dump: dict, rank: int, path: str, keep: int = KEEP_COMPLETED) -> R
     backends = {op_of(e)[0] for e in entries[-16:]}
     timeout = max((_int(e.get("timeout_ms")) for e in entries[-16:]), default=0)
     return RankDump(
-        rank=rank, path=path, version=str(dump.get("version", "")), groups=groups_of(dump),
+        rank=rank, path=path, version=str(dump.get("version", "")), groups=groups_of(dump, known),
         status=status_of(dump), entries=kept, oldest=oldest, kept=len(entries), dropped=first_id,
         frames=any(e.get("frames") for e in entries[-16:]),
         backend=",".join(sorted(backends)), timeout_s=timeout / 1000,

@@ -18,7 +18,7 @@ import re
 from concurrent.futures import ProcessPoolExecutor
 from typing import Iterator
 
-from ..core.frdump import KEEP_COMPLETED, RankDump, summarize
+from ..core.frdump import KEEP_COMPLETED, FrGroup, RankDump, summarize
 
 _RANK = re.compile(r"^(.*?)(\d+)(\.json)?$")  # "<prefix><rank>", as torch names them (JSON: ours to add)
 PARALLEL_FROM = 32  # files; fewer are read in this process (a pool's start costs more than it saves)
@@ -105,12 +105,13 @@ def read_dump(path: str) -> dict:
     return dump
 
 
-def load_one(rank: int, path: str, keep: int = KEEP_COMPLETED) -> RankDump:
-    """One rank's dump, read and cut to its window."""
+def load_one(rank: int, path: str, keep: int = KEEP_COMPLETED, known: dict | None = None) -> RankDump:
+    """One rank's dump, read and cut to its window (``known``: the groups of the dumps read before,
+    shared rather than held once per rank)."""
     enabled = gc.isenabled()
     gc.disable()  # a dump is a tree of small objects: the collector would walk it again and again
     try:
-        return summarize(read_dump(path), rank, path, keep)
+        return summarize(read_dump(path), rank, path, keep, known)
     finally:
         if enabled:
             gc.enable()
@@ -118,9 +119,10 @@ def load_one(rank: int, path: str, keep: int = KEEP_COMPLETED) -> RankDump:
 
 def _load_chunk(chunk: list[tuple[int, str]], keep: int) -> list[RankDump | str]:
     out: list[RankDump | str] = []
+    known: dict = {}  # the chunk's ranks share their groups' objects: pickled back once, not once a rank
     for rank, path in chunk:
         try:
-            out.append(load_one(rank, path, keep))
+            out.append(load_one(rank, path, keep, known))
         except InputError as exc:
             out.append(str(exc))
     return out
@@ -131,17 +133,25 @@ def load(files: dict[int, str], keep: int = KEEP_COMPLETED, jobs: int | None = N
     ``jobs``: processes to read with (None: one per core, for many files)."""
     items = list(files.items())
     jobs = jobs if jobs is not None else (os.cpu_count() or 1)
+    known: dict = {}
     if jobs <= 1 or len(items) < PARALLEL_FROM:
         for rank, path in items:
-            yield load_one(rank, path, keep)
+            yield load_one(rank, path, keep, known)
         return
     size = max(8, len(items) // (jobs * 4))
     chunks = [items[i:i + size] for i in range(0, len(items), size)]
     import multiprocessing
 
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+        shared: dict[int, FrGroup] = {}  # a chunk's group object -> the one every chunk's ranks share
+        arrived: list = []              # ... kept alive, so that no id is taken again by another object
         for results in pool.map(_load_chunk, chunks, [keep] * len(chunks)):
             for result in results:
                 if isinstance(result, str):
                     raise InputError(result)
+                for name, group in result.groups.items():
+                    if id(group) not in shared:
+                        arrived.append(group)
+                        shared[id(group)] = known.setdefault(group, group)
+                    result.groups[name] = shared[id(group)]
                 yield result
