@@ -318,8 +318,8 @@ def _reach(code, namespace: dict, reach: Reach, seen: set, *, follow: bool, own:
         _reach_object(obj, reach, seen, own=own)
     reach.process |= started
     reach.watch_job |= started and watch_support
-    reach.job_named |= own and (any(JOB_TEXT.search(c) or c in LAUNCHERS for c in consts)
-                                or ("pytest_nccl", "watch") in zip(consts, consts[1:]))  # -m pytest_nccl watch
+    watch_command = ("pytest_nccl", "watch") in zip(consts, consts[1:], strict=False)  # -m pytest_nccl watch
+    reach.job_named |= own and (watch_command or any(JOB_TEXT.search(c) or c in LAUNCHERS for c in consts))
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             _reach(const, namespace, reach, seen, follow=follow, own=own, watch_support=watch_support)
@@ -418,6 +418,26 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
             and _in(str(collection_path), TESTS_DIR) and holds_no_fast_test(collection_path):
         return True
     return None
+
+
+# -- `pytest` runs the project's tests on 2 xdist workers, a file to a worker (module-scoped inner
+# sessions stay shared): most of their time is waiting (ranks starting, bounds, launchers), not
+# computing. Only when no path is named (pytest's testpaths): named files and tests, the fast tier,
+# --pdb and a launched rank (SPMD mode refuses xdist) run in one process; -n N decides itself.
+XDIST_WORKERS = 2
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own reads -n
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    option = config.option
+    if getattr(option, "numprocesses", "") is not None or config.args_source != pytest.Config.ArgsSource.TESTPATHS:
+        return  # -n given, or pytest-xdist absent (-p no:xdist); paths named
+    if config.getoption("markexpr", "") == "fast" or option.collectonly or config.getoption("usepdb", False) \
+            or "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return
+    option.numprocesses = min(XDIST_WORKERS, os.cpu_count() or 1)
+    if option.dist == "no":
+        option.dist = "loadfile"
 
 
 # -- The fast tier's guard: a fast test that starts a process fails, naming it (the rule above missed
