@@ -83,7 +83,7 @@ def format_positions(ranks: list[RankView], words: Words = TEST, counts: dict | 
                 place = f"waits {waiting_for(cur, v)}"
             else:
                 place = f"inside {where(cur)} ({cur.state})"
-        elif v.status == RankState.UNSEEN:
+        elif v.status == RankState.UNSEEN and not v.message:  # else the transport's word for where it is
             place = words.unseen
         elif v.status == RankState.PASSED and not v.message:
             place = words.passed

@@ -56,7 +56,7 @@ def test_python_dash_m_names_itself(tmp_path):
 
 def test_no_command_is_a_usage_error(capsys):
     assert main([], prog="pytest-nccl") == 2
-    assert "pytest-nccl: error: give a command: bisect, matrix, watch" in capsys.readouterr().err
+    assert "pytest-nccl: error: give a command: explain, bisect, matrix, watch" in capsys.readouterr().err
 
 
 class Runner:
