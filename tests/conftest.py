@@ -430,6 +430,8 @@ XDIST_WORKERS = 2
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own reads -n
 def pytest_cmdline_main(config: pytest.Config) -> None:
     option = config.option
+    if hasattr(config, "workerinput") or "PYTEST_XDIST_WORKER" in os.environ:
+        return  # an xdist worker runs its share itself: two workers of its own each would fork without end
     if getattr(option, "numprocesses", "") is not None or config.args_source != pytest.Config.ArgsSource.TESTPATHS:
         return  # -n given, or pytest-xdist absent (-p no:xdist); paths named
     if config.getoption("markexpr", "") == "fast" or option.collectonly or config.getoption("usepdb", False) \
