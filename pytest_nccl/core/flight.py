@@ -36,6 +36,11 @@ def _shapes(sizes: list) -> str:
     return ";".join(str(list(s)) for s in sizes[:4]) + (";..." if len(sizes) > 4 else "")
 
 
+def dtype_of(dtypes) -> str:
+    """A dump's dtype list as the journal names dtypes: ["BFloat16"] -> "bfloat16"; "" for none."""
+    return DTYPES.get(dtypes[0], str(dtypes[0]).lower()) if dtypes else ""
+
+
 def group_name_of(label: str, group: str = "") -> str:
     """The c10d group name behind a journal label: "default" -> "0", "pg3[0,1]" -> "3"; a label
     with the user's name ("tp[2,3]") carries it in the record's ``group`` (journal v2)."""
@@ -69,11 +74,10 @@ def records_from_dump(text: str | None, rank: int, since_ns: int = 0) -> list[Co
         backend, _, op = str(entry.get("profiling_name", "?")).rpartition(":")
         done = bool(entry.get("retired")) or entry.get("state") == "completed"
         detail = {"work": "done" if done else "pending"} if backend in STREAM_BACKENDS else {}
-        dtypes = entry.get("input_dtypes") or []
         out.append(CollectiveRecord(
             rank=rank, pg="default" if name == "0" else f"pg{name}", seq=0, op=op,
             shapes=_shapes(entry.get("input_sizes") or []),
-            dtype=DTYPES.get(dtypes[0], str(dtypes[0]).lower()) if dtypes else "",
+            dtype=dtype_of(entry.get("input_dtypes")),
             async_op=True, state=RecordState.COMPLETED if entry.get("retired") else RecordState.ENTERED,
             t_start=(created - since_ns) / 1e9 if since_ns else 0.0, source=Source.FLIGHT_RECORDER,
             fr_seq=int(entry.get("collective_seq_id") or 0), detail=detail))

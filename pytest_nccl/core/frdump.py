@@ -18,7 +18,7 @@ import ast
 import os
 from dataclasses import dataclass, field
 
-from .flight import DTYPES, STREAM_BACKENDS, _shapes
+from .flight import STREAM_BACKENDS, _shapes, dtype_of
 from .groups import DEFAULT, group_label
 from .records import P2P, CollectiveRecord
 from .sites import is_ours
@@ -61,12 +61,9 @@ class RankDump:
     status: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # name -> (enqueued, started, completed)
     entries: list[dict] = field(default_factory=list)             # the window, in record order
     oldest: dict[tuple[str, bool], int] = field(default_factory=dict)  # (name, p2p) -> oldest seq the buffer kept
-    kept: int = 0                 # entries in the buffer
     dropped: int = 0              # entries the ring buffer had already dropped (record ids before the first)
-    frames: bool = False          # the entries carry Python frames (the pickle with stack traces)
     backend: str = ""             # "nccl", "gloo", ... from the entries' profiling names
     timeout_s: float = 0.0        # the collectives' timeout, as the entries give it
-    last_ns: int = 0              # the newest entry's creation time
 
     @property
     def wrapped(self) -> bool:
@@ -213,10 +210,8 @@ def summarize(dump: dict, rank: int, path: str, keep: int = KEEP_COMPLETED, know
     timeout = max((_int(e.get("timeout_ms")) for e in entries[-16:]), default=0)
     return RankDump(
         rank=rank, path=path, version=str(dump.get("version", "")), groups=groups_of(dump, known),
-        status=status_of(dump), entries=kept, oldest=oldest, kept=len(entries), dropped=first_id,
-        frames=any(e.get("frames") for e in entries[-16:]),
-        backend=",".join(sorted(backends)), timeout_s=timeout / 1000,
-        last_ns=max((_int(e.get("time_created_ns")) for e in entries[-16:]), default=0))
+        status=status_of(dump), entries=kept, oldest=oldest, dropped=first_id,
+        backend=",".join(sorted(backends)), timeout_s=timeout / 1000)
 
 
 def site_of(frames) -> str:
@@ -241,11 +236,6 @@ def _stdlib(path: str) -> bool:
     """A file of Python's own library (threading.py, contextlib.py): not who issued the collective."""
     marker = f"{os.sep}lib{os.sep}python3"
     return marker in path and "-packages" not in path
-
-
-def _dtype(entry: dict) -> str:
-    dtypes = entry.get("input_dtypes") or []
-    return DTYPES.get(dtypes[0], str(dtypes[0]).lower()) if dtypes else ""
 
 
 @dataclass
@@ -282,14 +272,13 @@ def records_of(dump: RankDump, numbering: dict[str, Numbering], t0_ns: int = 0) 
         duration = entry.get("duration_ms")
         rec = CollectiveRecord(
             rank=dump.rank, pg=n.label + (":p2p" if p2p else ""), seq=seq - n.start + 1 if not p2p else seq,
-            op=op, shapes=_shapes(entry.get("input_sizes") or []), dtype=_dtype(entry),
-            async_op=stream, site=entry["site"] if "site" in entry else site_of(entry.get("frames")), state=state,
+            op=op, shapes=_shapes(entry.get("input_sizes") or []), dtype=dtype_of(entry.get("input_dtypes")),
+            async_op=stream, site=entry.get("site", ""), state=state,
             t_start=max(0, _int(entry.get("time_created_ns")) - t0_ns) / 1e9 if t0_ns else 0.0,
             duration=float(duration) / 1000 if isinstance(duration, (int, float)) else None,
             source=Source.PYTHON, fr_seq=seq, group=name, before=0 if p2p else n.start - 1)
         if p2p:
             rec.p2p = [_transfer(op, detail, n, state)]
-            rec.seq = seq
         out.append(rec)
         last[(name, p2p)] = rec
     return out

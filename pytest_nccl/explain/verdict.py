@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from ..core.diagnosis import Diagnosis
 from ..core.diagnosis.wording import TEST, Words, rank_list
-from ..core.frdump import FrGroup, Numbering, RankDump, records_of, seq_of
+from ..core.frdump import FrGroup, Numbering, RankDump, completed, records_of, seq_of
 from ..core.groups import DEFAULT
 from ..core.judge import verdict
 from ..core.records import RankView
@@ -112,13 +112,13 @@ def check_one_job(dumps: list[RankDump], table: dict[str, FrGroup]) -> None:
             if p2p or not name:
                 continue
             last.setdefault(name, {})[d.rank] = max(seq, last.get(name, {}).get(d.rank, 0))
-            if e.get("state") == "completed" or e.get("retired"):
+            if completed(e):
                 done.setdefault(name, {})[d.rank] = max(seq, done.get(name, {}).get(d.rank, 0))
-        for name, (enqueued, _, completed) in d.status.items():
+        for name, (enqueued, _, finished) in d.status.items():
             if enqueued >= 0:
                 last.setdefault(name, {})[d.rank] = max(enqueued, last.get(name, {}).get(d.rank, 0))
-            if completed >= 0:
-                done.setdefault(name, {})[d.rank] = max(completed, done.get(name, {}).get(d.rank, 0))
+            if finished >= 0:
+                done.setdefault(name, {})[d.rank] = max(finished, done.get(name, {}).get(d.rank, 0))
     for name, by_rank in done.items():
         group = table.get(name)
         members = set(group.ranks) if group and group.ranks else set(by_rank)
