@@ -53,7 +53,8 @@ def diagnose(ranks: list[RankView], reason: Reason, bound: float, words: Words =
     (the bound was hit). Returns None for a clean pass. The same views give the same diagnosis
     whatever their order; ``words``: a test's or a job's."""
     ranks = sorted(ranks, key=lambda v: v.rank)
-    div = first_divergence(ranks)
+    found = divergences(ranks)  # every group's first divergence: the cascade reads them all
+    div = first_divergence(ranks, found)
     failed = [v for v in ranks if v.status == RankState.FAILED]
     dead = [v for v in ranks if v.status == RankState.DEAD]
     running = [v for v in ranks if v.status == RankState.RUNNING]
@@ -65,7 +66,7 @@ def diagnose(ranks: list[RankView], reason: Reason, bound: float, words: Words =
     if crossed:  # before what the ranks did next: a wrong size gloo rejects, or a hang, follows from it
         return pairing_diagnosis(crossed, ranks)
     if div is not None and _left_first(div, views).finished:
-        return _absent(div, views, reason, bound, words)
+        return _absent(div, views, reason, bound, words, [d for _, d in found])
     said = [(v, found) for v in dead + failed for found in [gloo_disagreement(v.output + "\n" + v.message)] if found]
     if said:
         # no records that show it (trace off, or the rank died before writing), but gloo said it
@@ -85,7 +86,7 @@ def diagnose(ranks: list[RankView], reason: Reason, bound: float, words: Words =
     if stuck:
         return deadlock_diagnosis(stuck, views)
     if div is not None:
-        return _absent(div, views, reason, bound, words)
+        return _absent(div, views, reason, bound, words, [d for _, d in found])
     if running:
         inside = [v for v in running if v.current is not None]
         at = [rec for rec in (v.current for v in inside) if rec is not None]  # their records, in that order
@@ -241,7 +242,8 @@ def _left_first(div: Divergence, views: dict) -> RankView:
                               _LEAVING.get(v.status, 2), v.rank))
 
 
-def _absent(div: Divergence, views: dict, reason: Reason, bound: float, words: Words) -> Diagnosis:
+def _absent(div: Divergence, views: dict, reason: Reason, bound: float, words: Words,
+            found: list[Divergence]) -> Diagnosis:
     rec = div.records[min(div.records)]
     absent = [views[r] for r in div.absent]
     first = _left_first(div, views)
@@ -284,7 +286,7 @@ def _absent(div: Divergence, views: dict, reason: Reason, bound: float, words: W
             headline = "slow rank: " + headline
     else:
         kind = Kind.RANK_LEFT
-    headline += cascade_line(div, [d for _, d in divergences(list(views.values()))], views)
+    headline += cascade_line(div, found, views)
     chain = transfer_chain(first, views) if first.status == RankState.RUNNING else []
     if chain:  # it waits on a pipeline's transfers: the rank at their end holds it
         end = views[chain[-1][0]]

@@ -83,11 +83,11 @@ def divergences(ranks: list[RankView]) -> list[tuple[tuple, Divergence]]:
     return found
 
 
-def first_divergence(ranks: list[RankView]) -> Divergence | None:
+def first_divergence(ranks: list[RankView], found: list | None = None) -> Divergence | None:
     """The first divergence by issue order (``divergences``) among those no other one holds: a
     group whose missing members wait in another group's stalled collective comes after that one
-    (``cascade``)."""
-    found = divergences(ranks)
+    (``cascade``). ``found``: ``divergences(ranks)``, where the caller has them."""
+    found = divergences(ranks) if found is None else found
     if not found:
         return None
     views = {v.rank: v for v in ranks}
