@@ -82,13 +82,22 @@ def _files_of(path: str) -> list[tuple[int, str]]:
     return out
 
 
-def read_dump(path: str) -> dict:
-    """One file's dump as torch wrote it; raises ``InputError``."""
+def read_bytes(path: str) -> bytes:
+    """A dump file's bytes; raises ``InputError``."""
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            return f.read()
     except OSError as exc:
         raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+
+
+def read_dump(path: str) -> dict:
+    """One file's dump as torch wrote it; raises ``InputError``."""
+    return parse_dump(read_bytes(path), path)
+
+
+def parse_dump(data: bytes, path: str) -> dict:
+    """A dump from its bytes (``path``: what the error line names); raises ``InputError``."""
     if not data:
         raise InputError(f"{path}: empty (the rank may have been killed while writing it)")
     try:

@@ -18,7 +18,7 @@ from ...core.nccl_env import dump_env, dump_prefix
 from ...core.records import RankView
 from ...core.reports import RankReport
 from ...core.states import RankState, Reason
-from ...explain.load import InputError, read_dump
+from ...explain.load import InputError, parse_dump, read_bytes
 from .follow import Followed, fr_progress
 from .window import Window
 
@@ -109,12 +109,11 @@ class JobView:
             if r in dumps.fr_json or not os.path.isfile(path):
                 continue
             try:
-                dump = read_dump(path)
-                with open(path, "rb") as f:
-                    dumps.fr_pickle[r] = f.read()
-            except (InputError, OSError):
+                data = read_bytes(path)
+                dump = parse_dump(data, path)
+            except InputError:
                 continue  # half written when the rank was killed: the verdict goes on without it
-            dumps.fr_json[r] = json.dumps(dump, default=str)
+            dumps.fr_pickle[r], dumps.fr_json[r] = data, json.dumps(dump, default=str)
 
     def release(self, live: list[int]) -> None:
         pass  # the job is the watch's caller's to end (or to keep running)
