@@ -51,10 +51,10 @@ class Placement:
 # What accelerate's own CPU launcher (``debug_launcher``) sets for its ranks. Since accelerate 1.13.0
 # a job without an accelerator is distributed only when accelerate is told it runs on the CPU
 # (``cpu=True``, or ACCELERATE_USE_CPU, which ``Accelerator()`` and accelerate's own test programs
-# read; a bare ``PartialState()`` does not, under accelerate's launcher either): else one process
-# (docs/support.md). Not taken from the launcher: WORLD_SIZE, MASTER_ADDR/PORT, GLOO_SOCKET_IFNAME=lo
-# (each transport sets its own), ACCELERATE_DEBUG_RDV_FILE (the store of the group the launcher
-# makes; the ranks are in one already).
+# read; a bare ``PartialState()`` does not, under accelerate's launcher either, so the ranks build it:
+# rank/libraries.py): else one process (docs/support.md). Not taken from the launcher: WORLD_SIZE,
+# MASTER_ADDR/PORT, GLOO_SOCKET_IFNAME=lo (each transport sets its own), ACCELERATE_DEBUG_RDV_FILE
+# (the store of the group the launcher makes; the ranks are in one already).
 CPU_RANK_ENV = {
     "ACCELERATE_USE_CPU": "yes",
     "ACCELERATE_MIXED_PRECISION": "no",

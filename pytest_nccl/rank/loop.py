@@ -31,7 +31,7 @@ from ..core.agreement import Digest
 from ..core.messages import Call, CallDone, CallKind, Dump, DumpRequest, Hello, Joined, RankSpec, RunCall, SetupFailed
 from ..core.reports import RankReport
 from ..core.states import Backend, RankState
-from . import adopted, tracer
+from . import adopted, libraries, tracer
 from .stacks import describe_exception, exit_like_os_exit, format_exception, format_stacks
 
 _send_lock = threading.Lock()
@@ -140,6 +140,8 @@ def run_call(call: Call, rank: int) -> RankReport:
         tracer.start(os.path.join(call.journal_dir, f"journal-{rank}.txt"), raise_leaves=call.adopted is not None)
     status, value, exc_type, exc_text, message = RankState.PASSED, None, "", "", ""
     try:
+        if call.adopted is None:  # (an adopted test's class builds its own state, as under torch's harness)
+            libraries.prepare()
         value = fn(*args, **kwargs)
     except SystemExit as exc:
         exit_like_os_exit(exc)
@@ -230,6 +232,7 @@ def main(spec: RankSpec, prepare=None) -> None:
         _share_gpu(torch, spec.cuda_device)
     if not spec.own_group:  # an adopted test's rank: the test creates its process group itself
         _join_group(spec, conn)
+        libraries.install()
     _send(conn, Joined(rank))
 
     calls: queue.Queue = queue.Queue()

@@ -25,6 +25,7 @@ from ..core.states import Backend, Phase
 from ..errors import NcclUsageError, RankSetupError
 from ..interrupts import stop_message
 from ..placement import place
+from ..rank import libraries
 from ..session import item_budget
 from ..settings import MarkerArgs, parse_marker
 from ..torch_gaps import gap_line
@@ -66,6 +67,7 @@ class SpmdSession:
         # like plugin mode's auto: NCCL when this node has a CUDA device for every local rank
         self.backend, self.backend_why = placement.backend, placement.why
         os.environ.update(placement.library_env(os.environ))  # this process is the rank
+        libraries.install()
         self.group = LaunchedGroup(launch, self.backend, self.debug, self.say)
         self.run: TestRun | None = None        # the marked test in progress on this rank
         self.last_nodeid: str | None = None
@@ -204,6 +206,7 @@ class SpmdSession:
             raise pytest.skip.Exception(reason, _use_item_location=True)
         self.group.ensure(bound)
         self._begin(item, bound)
+        libraries.prepare()  # (after the start: a failure here is this rank's failed set-up, said as one)
 
     def _runs_here(self, item) -> str | None:
         """Why this test cannot run on the launched group (its world or backend differ), or None."""
