@@ -1,5 +1,6 @@
-"""Whether accelerate counts the plugin's CPU group when a test does not say ``cpu=True``: the probe
-of ``pytest-nccl bisect accelerate`` in docs/support.md, and one of the canary's checks."""
+"""Whether accelerate's own bare ``PartialState()`` counts the plugin's CPU group: the test resets
+accelerate's state first, the one the plugin builds (``rank/libraries.py``) included. The probe of
+``pytest-nccl bisect accelerate`` in docs/support.md, and one of the canary's checks."""
 
 import pytest
 
