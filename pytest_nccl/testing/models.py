@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .releases import library_setup
+
 # Small enough that a TRL step on 2 CPU ranks takes milliseconds.
 _BASE = dict(
     hidden_size=16,
@@ -52,7 +54,8 @@ def tiny_config(kind: str = "llama", tokenizer=None, **overrides: Any):
         eos_token_id=tokenizer.eos_token_id,
     )
     fields.update(overrides)
-    return _config_class(kind)(**fields)
+    with library_setup(f"a tiny {kind} config", "transformers"):
+        return _config_class(kind)(**fields)
 
 
 def tiny_causal_lm(kind: str = "llama", *, tokenizer=None, seed: int = 0, dtype=None, **overrides: Any):
@@ -93,6 +96,6 @@ def _seeded(auto_class, config, seed: int):
     forked so the caller's global torch RNG state is left as it was."""
     import torch
 
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), library_setup(f"{auto_class.__name__}.from_config", "transformers"):
         torch.manual_seed(seed)
         return auto_class.from_config(config, attn_implementation="eager")

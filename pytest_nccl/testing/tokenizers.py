@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import functools
 
+from .releases import library_setup
+
 PAD = "<|pad|>"
 BOS = "<|bos|>"
 EOS = "<|end|>"
@@ -63,18 +65,19 @@ def tiny_tokenizer(*, padding_side: str = "right", chat_template: str | None = C
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_str(_tokenizer_json()),
-        pad_token=PAD,
-        bos_token=BOS,
-        eos_token=EOS,
-        unk_token=UNK,
-        additional_special_tokens=list(ROLE_TOKENS),
-        padding_side=padding_side,
-        model_max_length=1024,
-        clean_up_tokenization_spaces=False,
-        model_input_names=["input_ids", "attention_mask"],
-    )
+    with library_setup("the tiny tokenizer", "transformers"):
+        tok = PreTrainedTokenizerFast(
+            tokenizer_object=Tokenizer.from_str(_tokenizer_json()),
+            pad_token=PAD,
+            bos_token=BOS,
+            eos_token=EOS,
+            unk_token=UNK,
+            additional_special_tokens=list(ROLE_TOKENS),
+            padding_side=padding_side,
+            model_max_length=1024,
+            clean_up_tokenization_spaces=False,
+            model_input_names=["input_ids", "attention_mask"],
+        )
     if chat_template is not None:
         tok.chat_template = chat_template
     return tok

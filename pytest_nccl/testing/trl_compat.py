@@ -21,6 +21,7 @@ import os
 from typing import Any
 
 from . import hf_offline_env
+from .releases import library_setup
 
 hf_offline_env()
 # trl.experimental (CPO/ORPO in 1.x) warns on import; the suites use it on purpose.
@@ -162,7 +163,8 @@ def make_config(name: str, output_dir, **kwargs):
         elif key not in fields and key in _OPTIONAL:
             continue
         out[key] = value
-    return config_cls(**out)
+    with library_setup(config_cls.__name__, "trl", "transformers", "accelerate"):
+        return config_cls(**out)
 
 
 def make_trainer(name: str, *, model, args, tokenizer, train_dataset, **kwargs):
@@ -170,7 +172,10 @@ def make_trainer(name: str, *, model, args, tokenizer, train_dataset, **kwargs):
     trainer_cls, _ = classes(name)
     key = "processing_class" if "processing_class" in trainer_params(name) else "tokenizer"
     kwargs[key] = tokenizer
-    return trainer_cls(model=model, args=args, train_dataset=train_dataset, **kwargs)
+    packages = ("trl", "transformers", "accelerate", "datasets") + (("deepspeed",) if getattr(args, "deepspeed", None)
+                                                                     else ())
+    with library_setup(trainer_cls.__name__, *packages):
+        return trainer_cls(model=model, args=args, train_dataset=train_dataset, **kwargs)
 
 
 def reset_accelerate_state() -> None:

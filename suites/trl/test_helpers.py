@@ -1,6 +1,8 @@
 """The tiny tokenizer/model factory the suites stand on (controller side, no ranks), and the
 device a trainer gets on a rank."""
 
+import re
+
 import pytest
 
 from pytest_nccl.testing import trl_compat as compat  # first: offline HF environment
@@ -54,6 +56,21 @@ def test_compat_finds_every_trainer_and_translates_fields(tmp_path):
 
     assert args.use_cpu == (not torch.cuda.is_available())  # no group here: the device CUDA offers
     assert compat.make_config("sft", tmp_path, use_cpu=True).use_cpu  # what a test says wins
+
+
+def test_a_setup_error_fails_on_a_known_trl_and_skips_on_a_newer(tmp_path, monkeypatch):
+    """TRL's own config class, given a field no TRL has: the error TRL raises, as it is, where the
+    installed TRL is one the suites know; a skip naming it where TRL is newer."""
+    from pytest_nccl.testing import releases
+
+    installed = releases.installed_version("trl")
+    monkeypatch.setitem(releases.TESTED_THROUGH, "trl", installed)
+    with pytest.raises(TypeError, match="no_trl_has_this_field"):
+        compat.make_config("sft", tmp_path, no_trl_has_this_field=1)
+    monkeypatch.setitem(releases.TESTED_THROUGH, "trl", "0.1.0")
+    with pytest.raises(pytest.skip.Exception, match=rf"SFTConfig: the set-up broke on trl {re.escape(installed)} "
+                                                    r"\(tested through 0\.1\.0\).*TypeError: .*no_trl_has_this_field"):
+        compat.make_config("sft", tmp_path, no_trl_has_this_field=1)
 
 
 def test_data_bands():
