@@ -3,7 +3,8 @@ against accelerate's own test programs and the suites at world 2; writes a drift
 package's CI pin against its newest release, and what broke with which newest one).
 
 Usage: python3 .ci/canary.py [--out canary-report.md] [--workdir DIR]   (.github/workflows/canary.yml
-runs it weekly). Exit status: 0 when everything ran green, 1 when something broke, 2 when the
+runs it weekly). Exit status: 0 when everything ran green, 1 when something broke or a newer release
+broke a suite's set-up (its tests skip, saying so: pytest_nccl.testing.releases), 2 when the
 environment could not be built. Set TORCH_INDEX_URL to PyTorch's CPU wheel index where pip would
 otherwise fetch a CUDA build.
 """
@@ -25,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CONSTRAINTS = ROOT / ".ci" / "constraints.txt"
 # installed into the venv, newest each
-NEWEST = ("torch", "accelerate", "transformers", "trl", "deepspeed", "datasets")
+NEWEST = ("torch", "accelerate", "transformers", "trl", "deepspeed", "datasets", "megatron-core")
 # installed --no-deps, each in a directory of its own outside the venv: in it vLLM would make TRL's
 # GRPO trainer import it and fail (as in .ci/run); the report says whether the newest one installs
 SIDE = ("vllm", "verl", "openrlhf")
@@ -37,6 +38,8 @@ SUSPECTS = {
     "suites/modern": ("torch",),
     "suites/launch": ("torch",),
     "suites/verl": ("verl", "transformers", "torch"),
+    "suites/pipeline": ("megatron-core", "torch"),
+    "suites/moe": ("megatron-core", "torch"),
 }
 RUN_TIMEOUT = 1800  # one pytest run; longer is itself a hang
 
@@ -50,6 +53,7 @@ class Run:
     seconds: float = 0.0
     gate: str = ""
     failed: list[str] = field(default_factory=list)
+    unjudged: list[str] = field(default_factory=list)  # skips: a newer release broke the set-up
 
 
 def sh(cmd: list[str], log: Path, env: dict | None = None, timeout: float | None = None) -> int:
@@ -104,6 +108,22 @@ def failed_tests(junit: Path) -> list[str]:
     return out
 
 
+# the words of pytest_nccl.testing.releases.setup_break's skip reason
+UNJUDGED = "newer than the suites know"
+
+
+def unjudged_tests(junit: Path) -> list[str]:
+    """'node id: reason' of the tests skipped because a newer release broke their set-up."""
+    if not junit.exists():
+        return []
+    out = []
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        skipped = case.find("skipped")
+        if skipped is not None and UNJUDGED in skipped.get("message", ""):
+            out.append(f"{case.get('classname', '')}::{case.get('name', '')}: {skipped.get('message')}")
+    return out
+
+
 def place_of(nodeid: str) -> str:
     """The suite a failed test belongs to ('suites/trl'), or the accelerate programs."""
     if "canary_tests" in nodeid:
@@ -129,8 +149,10 @@ def report(date: str, pinned: dict, newest: dict, side: dict, runs: list[Run], p
         lines.append(f"| {name} | {pin} | {new} | {mark} |")
     lines.append("")
     broken = [r for r in runs if r.rc != 0]
-    lines.append("## Verdict: " + ("green with the newest releases" if not broken else
-                                   "broken with the newest releases"))
+    unjudged = [u for r in runs for u in r.unjudged]
+    lines.append("## Verdict: " + ("broken with the newest releases" if broken else
+                                   "the suites cannot set up on the newest releases" if unjudged else
+                                   "green with the newest releases"))
     for r in runs:
         lines.append(f"- {r.label}: exit {r.rc} in {r.seconds:.0f} s")
     for r in broken:
@@ -144,6 +166,7 @@ def report(date: str, pinned: dict, newest: dict, side: dict, runs: list[Run], p
                          f"{' ...' if len(ids) > 5 else ''}) with {', '.join(drifted) or 'no newer release there'}")
         if not r.failed:
             lines.append(f"- broke: {r.label} (exit {r.rc}, no failed test recorded: see the log)")
+    lines += [f"- set-up broke (skipped): {u}" for u in unjudged]
     # known and documented, not drift: docs/support.md (the plugin builds the state for its tests)
     lines.append(f"- accelerate's own bare `PartialState()` (its state reset in the test) counts a CPU group "
                  f"(accelerate >= 1.13.0: no, docs/support.md): "
@@ -215,6 +238,7 @@ def main(argv=None) -> int:
         r.seconds = time.monotonic() - started
         r.gate = gate.read_text() if gate.exists() else ""
         r.failed = failed_tests(junit)
+        r.unjudged = unjudged_tests(junit)
         print(f"canary: {r.label}: exit {r.rc} in {r.seconds:.0f} s", flush=True)
     probe = Run("bare PartialState", [".ci/canary_tests/test_accelerate_count.py"])
     probe.rc = sh([py, "-m", "pytest", *probe.args, "-q", "-p", "no:cacheprovider"], log, env, RUN_TIMEOUT)
@@ -222,7 +246,7 @@ def main(argv=None) -> int:
     text = report(date, pins(), newest, side, runs, probe, notes)
     Path(args.out).write_text(text)
     print(text, flush=True)
-    return 0 if all(r.rc == 0 for r in runs) else 1
+    return 0 if all(r.rc == 0 and not r.unjudged for r in runs) else 1
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from urllib.parse import quote
 from ..core.states import CaseOutcome, Phase, Word
 
 #: distributions the report names, in this order
-PACKAGES = ("trl", "transformers", "accelerate", "datasets", "deepspeed")
+PACKAGES = ("trl", "transformers", "accelerate", "datasets", "deepspeed", "megatron-core")
 NOT_INSTALLED = "not installed"
 
 
