@@ -23,6 +23,7 @@ from .launched import LAUNCHED_KEY, Launched, off_reason
 from .session import OUTCOME_KEY, SESSION_KEY, STARTED_KEY, NcclSession, junit_writer
 from .settings import (
     MARKER,
+    TIMEOUT_MARKER,
     add_options,
     argnames_of,
     exitcode_infra_of,
@@ -47,6 +48,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER)
+    if not config.pluginmanager.hasplugin("timeout"):
+        config.addinivalue_line("markers", TIMEOUT_MARKER)
     try:
         settings = parse_settings(config)
     except NcclUsageError as exc:

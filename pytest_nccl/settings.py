@@ -157,6 +157,9 @@ BY_NAME = {s.name: s for s in SETTINGS}
 MARKER_ARGS = tuple(s.name for s in SETTINGS if s.marker)
 MARKER = (f"nccl({', '.join(f'{name}=None' for name in MARKER_ARGS)}): run the test body on every rank of a "
           "torch.distributed group of `world` processes (NCCL on GPUs, else gloo), bounded in time")
+# pytest-timeout's marker, whose bound budget.py reads with or without pytest-timeout: declared here
+# where pytest-timeout is absent (so --strict-markers takes it), else by pytest-timeout itself
+TIMEOUT_MARKER = "timeout(seconds): bound for a test (pytest-timeout's marker; pytest-nccl reads it)"
 
 
 def ini_type(declared: IniType, pytest_version: tuple[int, int] | None = None) -> IniType:

@@ -136,3 +136,11 @@ def test_the_nccl_backend_is_checked_when_a_group_starts_not_at_configure(pytest
     result = pytester.runpytest_subprocess("--collect-only", "-q", "-p", "no:cacheprovider", "--nccl-backend=nccl")
     assert result.ret == 0, result.stdout.str() + result.stderr.str()
     result.stdout.fnmatch_lines(["*test_marked*", "*test_plain*"])
+
+
+def test_pytest_timeouts_marker_is_declared_where_pytest_timeout_is_absent(pytester):
+    """The plugin reads ``@pytest.mark.timeout`` without pytest-timeout too, so it declares it there."""
+    pytester.makepyfile("import pytest\n\n\n@pytest.mark.timeout(5)\ndef test_x():\n    pass\n")
+    result = pytester.runpytest_subprocess("--collect-only", "-q", "--strict-markers", "-p", "no:timeout",
+                                           "-p", "no:cacheprovider")
+    assert result.ret == 0, result.stdout.str() + result.stderr.str()

@@ -50,11 +50,6 @@ BUILD_TIMEOUT_S = 900
 _build_outcome: str | None = None
 
 
-def pytest_configure(config):
-    if not config.pluginmanager.hasplugin("timeout"):  # pytest-timeout absent: the plugin still reads it
-        config.addinivalue_line("markers", "timeout(seconds): bound for a test (read by pytest-nccl)")
-
-
 def _needs_deepspeed_op(item) -> bool:
     names = getattr(item, "fixturenames", ())
     if "deepspeed_ops" in names:
