@@ -97,30 +97,30 @@ def installed(python: str, names, paths=None) -> dict[str, str]:
     return json.loads(proc.stdout or "{}")
 
 
-def failed_tests(junit: Path) -> list[str]:
-    """Node ids of the tests that failed or errored in a JUnit file (none when it is missing)."""
+def junit_cases(junit: Path) -> list[tuple[str, ET.Element]]:
+    """(node id, testcase element) of each test in a JUnit file (none when it is missing)."""
     if not junit.exists():
         return []
-    out = []
-    for case in ET.parse(junit).getroot().iter("testcase"):
-        if case.find("failure") is not None or case.find("error") is not None:
-            out.append(f"{case.get('classname', '')}::{case.get('name', '')}")
-    return out
+    return [(f"{case.get('classname', '')}::{case.get('name', '')}", case)
+            for case in ET.parse(junit).getroot().iter("testcase")]
+
+
+def failed_tests(cases: list[tuple[str, ET.Element]]) -> list[str]:
+    """Node ids of the tests that failed or errored."""
+    return [nodeid for nodeid, case in cases if case.find("failure") is not None or case.find("error") is not None]
 
 
 # the words of pytest_nccl.testing.releases.setup_break's skip reason
 UNJUDGED = "newer than the suites know"
 
 
-def unjudged_tests(junit: Path) -> list[str]:
+def unjudged_tests(cases: list[tuple[str, ET.Element]]) -> list[str]:
     """'node id: reason' of the tests skipped because a newer release broke their set-up."""
-    if not junit.exists():
-        return []
     out = []
-    for case in ET.parse(junit).getroot().iter("testcase"):
+    for nodeid, case in cases:
         skipped = case.find("skipped")
         if skipped is not None and UNJUDGED in skipped.get("message", ""):
-            out.append(f"{case.get('classname', '')}::{case.get('name', '')}: {skipped.get('message')}")
+            out.append(f"{nodeid}: {skipped.get('message')}")
     return out
 
 
@@ -237,8 +237,8 @@ def main(argv=None) -> int:
                    f"--nccl-report={gate}", f"--junitxml={junit}"], log, env, RUN_TIMEOUT)
         r.seconds = time.monotonic() - started
         r.gate = gate.read_text() if gate.exists() else ""
-        r.failed = failed_tests(junit)
-        r.unjudged = unjudged_tests(junit)
+        cases = junit_cases(junit)
+        r.failed, r.unjudged = failed_tests(cases), unjudged_tests(cases)
         print(f"canary: {r.label}: exit {r.rc} in {r.seconds:.0f} s", flush=True)
     probe = Run("bare PartialState", [".ci/canary_tests/test_accelerate_count.py"])
     probe.rc = sh([py, "-m", "pytest", *probe.args, "-q", "-p", "no:cacheprovider"], log, env, RUN_TIMEOUT)

@@ -43,8 +43,9 @@ def junit(tmp_path, skipped_message: str) -> Path:
 def test_a_setup_broken_by_a_newer_release_is_reported_and_not_green(canary, tmp_path):
     reason = setup_break("SFTConfig", TypeError("unexpected keyword argument 'max_length'"), {"trl": "9.0.0"})
     path = junit(tmp_path, reason)
-    assert canary.unjudged_tests(path) == [f"suites.trl.test_sft::test_sft_uneven: {reason}"]
-    run = canary.Run("suites at world 2", ["suites/"], rc=0, unjudged=canary.unjudged_tests(path))
+    unjudged = canary.unjudged_tests(canary.junit_cases(path))
+    assert unjudged == [f"suites.trl.test_sft::test_sft_uneven: {reason}"]
+    run = canary.Run("suites at world 2", ["suites/"], rc=0, unjudged=unjudged)
     probe = canary.Run("bare PartialState", [], rc=1)
     text = canary.report("2026-12-06", {"trl": "1.16.0"}, {"trl": "9.0.0"}, {}, [run], probe, [])
     assert "## Verdict: the suites cannot set up on the newest releases" in text
@@ -53,7 +54,7 @@ def test_a_setup_broken_by_a_newer_release_is_reported_and_not_green(canary, tmp
 
 def test_other_skips_are_not_drift(canary, tmp_path):
     path = junit(tmp_path, "trl has no such trainer")
-    assert canary.unjudged_tests(path) == []
+    assert canary.unjudged_tests(canary.junit_cases(path)) == []
     run = canary.Run("suites at world 2", ["suites/"], rc=0)
     text = canary.report("2026-12-06", {}, {}, {}, [run], canary.Run("bare PartialState", [], rc=1), [])
     assert "## Verdict: green with the newest releases" in text
