@@ -1,11 +1,15 @@
 """Asserting a diagnosis in a suite: ``expect_diagnosis`` runs a failing form on every rank of a
 ``nccl_world`` and requires the exception class and a headline that names the collective, exactly
-the diverging rank(s) in one mention, and the call site. Imports pytest, never torch."""
+the diverging rank(s) in one mention, and the call site; ``expect_diagnosis_fixture`` is that call
+as a suite's fixture. Imports pytest, never torch."""
 
 from __future__ import annotations
 
+import functools
 import re
 import time
+
+import pytest
 
 # "rank 3", "ranks 1,3", "ranks 0-2", "ranks 0,2-4": one mention of ranks in a headline
 MENTION = re.compile(r"\branks? (\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*)\b")
@@ -29,8 +33,6 @@ def expect_diagnosis(nccl_world, fn, *args, exc=None, op: str, rank, site: str):
     (an int or a set) in one mention, and the call site (``site``, a regex: "test_x.py:42").
     Prints the headline with the time it took; returns the error."""
     __tracebackhide__ = True
-    import pytest
-
     import pytest_nccl
 
     exc = exc or pytest_nccl.CollectiveMismatch
@@ -49,3 +51,11 @@ def expect_diagnosis(nccl_world, fn, *args, exc=None, op: str, rank, site: str):
     assert wanted in named_rank_sets(headline), f"headline does not name ranks {sorted(wanted)}: {headline}"
     assert re.search(site, headline), f"headline does not name the call site /{site}/: {headline}"
     return err
+
+
+@pytest.fixture(name="expect_diagnosis")
+def expect_diagnosis_fixture(nccl_world):
+    """``expect_diagnosis(fn, *args, exc=..., op=REGEX, rank=N or {N, ...}, site=REGEX)`` on this
+    test's world. A suite takes it by importing it into its conftest.py: a conftest.py in the folder
+    above the suites would put that folder on ``sys.path``, where ``suites/verl`` shadows verl."""
+    return functools.partial(expect_diagnosis, nccl_world)
