@@ -15,14 +15,21 @@ SCENARIO, PREFIX = sys.argv[1], sys.argv[2]
 STALL_S = float(os.environ.get("FR_JOB_STALL_S", "3"))
 
 
-def dump_and_exit(after: float) -> None:
-    """What NCCL's watchdog does on a timeout: write this rank's dump, then end the rank."""
-    time.sleep(after)
+def write_dump() -> None:
+    """This rank's dump at ``<prefix><rank>``, written whole or not at all."""
     blob = torch._C._distributed_c10d._dump_fr_trace(True, True, False)
     path = f"{PREFIX}{dist.get_rank()}"
     with open(path + ".part", "wb") as f:
         f.write(blob)
     os.replace(path + ".part", path)
+
+
+def dump_and_exit(after: float) -> None:
+    """What NCCL's watchdog does on a timeout: write this rank's dump, then end the rank."""
+    time.sleep(after)
+    write_dump()
+    if SCENARIO == "gone":
+        os._exit(0)  # gone before the others dump: their collective with it fails first
     # every rank's dump before any rank goes: a peer gone would end the others' collectives first
     world = dist.get_world_size()
     deadline = time.monotonic() + 60
@@ -37,13 +44,22 @@ def main() -> None:
     x = torch.ones(8)
     tp = [dist.new_group([r, r + 1], group_desc=f"tp_{r // 2}") for r in range(0, world, 2)]
     mine = tp[rank // 2]
-    threading.Thread(target=dump_and_exit, args=(STALL_S,), daemon=True).start()
+    if not (SCENARIO == "gone" and rank == 0):  # rank 0 dumps once its collective has failed
+        threading.Thread(target=dump_and_exit, args=(STALL_S,), daemon=True).start()
     for _ in range(2):
         dist.all_reduce(x)  # line: step
     if SCENARIO in ("skip", "missing"):
         if rank != 1:
             dist.all_reduce(x)  # line: waits
         time.sleep(60)  # rank 1 skipped it: the job stalls here
+    elif SCENARIO == "gone":
+        if rank == 1:
+            time.sleep(60)  # skips the collective; its dump is written and it ends
+        try:
+            dist.all_reduce(x)  # line: gonewaits
+        except RuntimeError:  # rank 1 closed its connection: the Flight Recorder marks this completed
+            write_dump()
+            os._exit(0)
     elif SCENARIO == "op":
         if rank == 1:
             dist.broadcast(x, src=0)  # line: odd

@@ -21,7 +21,7 @@ if not hasattr(torch._C._distributed_c10d, "_dump_fr_trace"):
 from pytest_nccl.explain.cli import main  # noqa: E402
 
 JOB = Path(__file__).with_name("fr_job.py")
-WORLDS = {"skip": 2, "op": 2, "subgroup": 4, "behind": 2, "missing": 2, "healthy": 4}
+WORLDS = {"skip": 2, "gone": 2, "op": 2, "subgroup": 4, "behind": 2, "missing": 2, "healthy": 4}
 
 
 def line(name: str) -> int:
@@ -78,6 +78,19 @@ def test_a_rank_that_skips_a_collective_is_named_with_the_line_the_others_wait_a
     assert head.startswith("CollectiveTimeout: rank 1 is in no collective since all_reduce #2 of group default"), head
     assert f"fr_job.py:{line('step')}" in head
     assert "rank 0 waits in all_reduce #3 of group default from " in head and f"fr_job.py:{line('waits')}" in head
+
+
+def test_a_collective_that_failed_once_a_rank_was_gone_is_where_the_survivor_waits(dumps):
+    """rank 1 dumps and ends before rank 0 dumps: rank 0's all_reduce #3 then fails, and its dump
+    marks it completed though rank 1 never entered it. Not two dumps of different times: the
+    verdict reads #3 as where rank 0 waits, and says why."""
+    code, out, _ = explain(dumps["gone"])
+    assert code == 3, out
+    head = headline(out)
+    assert head.startswith("CollectiveTimeout: rank 1 is in no collective since all_reduce #2 of group default"), head
+    assert "rank 0 waits in all_reduce #3 of group default from " in head and f"fr_job.py:{line('gonewaits')}" in head
+    assert ("rank 0's all_reduce #3 of group default is marked completed, but rank 1 never entered it: it ended "
+            "with an error once rank 1 was gone") in out
 
 
 def test_an_op_mismatch_names_both_ops_and_the_position(dumps):

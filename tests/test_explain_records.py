@@ -13,7 +13,8 @@ import pytest
 from pytest_nccl.core.frdump import FrGroup, Numbering, RankDump, records_of, summarize, window
 from pytest_nccl.core.states import RecordState
 from pytest_nccl.explain.cli import main
-from pytest_nccl.explain.verdict import Refused, explain
+from pytest_nccl.explain.consistency import Refused
+from pytest_nccl.explain.verdict import explain
 
 TORCH = "/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py"
 
@@ -212,6 +213,38 @@ def test_a_dump_older_than_what_another_member_completed_is_refused():
         new.op("0", "all_reduce")
     with pytest.raises(Refused, match="rank 0's dump ends at collective #3 of group default, but rank 1 completed #9"):
         explain(summaries([old, new]))
+
+
+def test_a_survivor_s_last_collective_marked_completed_past_a_gone_member_is_where_it_waits():
+    """A collective that failed once a member was gone is marked completed (NCCL after an abort,
+    gloo when the peer closes): rank 0's last, #3, one past rank 1's dump, is read as not completed."""
+    groups = {"0": ("default_pg", (0, 1))}
+    survivor, gone = Rank(0, groups), Rank(1, groups)
+    for rank in (survivor, gone):
+        rank.op("0", "all_reduce", line=10)
+        rank.op("0", "all_reduce", line=10)
+    survivor.op("0", "all_reduce", line=12)
+    result = explain(summaries([survivor, gone]))
+    head = result.diagnosis.headline
+    assert head.startswith("rank 1 is in no collective since all_reduce #2 of group default"), head
+    assert "rank 0 waits for all_reduce #3 of group default from /job/train.py:12" in head, head
+    assert result.gaps == ["rank 0's all_reduce #3 of group default is marked completed, but rank 1 never entered "
+                           "it: it ended with an error once rank 1 was gone (a Flight Recorder marks a failed "
+                           "collective completed), and is read as not completed"]
+
+
+def test_a_completed_collective_a_member_never_entered_with_more_after_it_is_refused():
+    """Past the one collective it failed in, a rank entered another: not an error once a member was
+    gone, the member's dump is older."""
+    groups = {"0": ("default_pg", (0, 1))}
+    ahead, behind = Rank(0, groups), Rank(1, groups)
+    for _ in range(2):
+        ahead.op("0", "all_reduce")
+        behind.op("0", "all_reduce")
+    ahead.op("0", "all_reduce")
+    ahead.op("0", "all_reduce", state="started")
+    with pytest.raises(Refused, match="rank 1's dump ends at collective #2 of group default, but rank 0 completed #3"):
+        explain(summaries([ahead, behind]))
 
 
 def test_a_group_the_dump_gives_ranks_for_is_labelled_as_the_tracer_labels_it():

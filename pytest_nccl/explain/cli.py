@@ -13,10 +13,11 @@ from typing import Sequence, TextIO
 
 from ..core.reports import CallOutcome
 from ..usage import EXIT_USAGE, Parser, UsageError, report
+from .consistency import Refused
 from .load import InputError, load, rank_files
 from .testtrace import beside
 from .testtrace import read as read_test_trace
-from .verdict import DUMPS, Explained, Refused, explain
+from .verdict import DUMPS, Explained, explain
 
 EXIT_DIAGNOSED = 3
 EXIT_NO_DIVERGENCE = 0

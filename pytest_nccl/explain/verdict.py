@@ -2,7 +2,8 @@
 the judge's records (``core.frdump``), each rank a running view (a rank with no dump: unseen), and
 ``core.judge.verdict`` says what it says of a live job. Around it, what only dumps need:
 
-- ``check_one_job``: dumps of different jobs, or of different times of one job, refused in a line;
+- ``consistency``: dumps of different jobs, or of different times of one job, refused in a line,
+  and collectives that ended with an error once a member was gone read as not completed;
 - ``numbering``: every group's records cut at one sequence id on every member, so positions line up;
 - ``gaps``: what the dumps cannot tell (no dump from a rank, a ring buffer that wrapped);
 - ``progress``: of healthy dumps, every group's last completed collective and what is in flight.
@@ -16,12 +17,13 @@ from dataclasses import dataclass, field
 
 from ..core.diagnosis import Diagnosis
 from ..core.diagnosis.wording import TEST, Words, rank_list
-from ..core.frdump import FrGroup, Numbering, RankDump, completed, records_of, seq_of
+from ..core.frdump import FrGroup, Numbering, RankDump, records_of, seq_of
 from ..core.groups import DEFAULT
 from ..core.judge import verdict
 from ..core.records import RankView
 from ..core.reports import CallOutcome
 from ..core.states import Kind, RankState, Reason
+from .consistency import check_one_job, reread
 from .testtrace import TestTrace, apply
 
 DUMPS = Words(call="job", left="exited", not_started="never created the default process group",
@@ -31,10 +33,6 @@ DUMPS = Words(call="job", left="exited", not_started="never created the default 
               spanned="as each rank's Flight Recorder kept them; the collectives' timeout {bound} s")
 # what the dumps say when no rank diverges: each of these is where every rank is, not a disagreement
 AGREED = frozenset({Kind.HANG, Kind.TIMEOUT})
-
-
-class Refused(Exception):
-    """Dumps that are not one job at one time: the message is the one line that says so."""
 
 
 @dataclass
@@ -93,42 +91,6 @@ def group_table(dumps: list[RankDump], world: int) -> dict[str, FrGroup]:
         else:
             table[name] = FrGroup(name, descs.get(name, ""), tuple(sorted(ranks)))
     return table
-
-
-def check_one_job(dumps: list[RankDump], table: dict[str, FrGroup]) -> None:
-    """Raise ``Refused`` for dumps that cannot be one job at one time: torch versions that differ,
-    or a rank whose dump ends before a collective another member completed (a collective completes
-    only with every member: that rank's dump is older, or of another job)."""
-    versions = {d.version for d in dumps if d.version}
-    if len(versions) > 1:
-        by = {v: [d.rank for d in dumps if d.version == v] for v in sorted(versions)}
-        raise Refused("the dumps are not of one job: they were written by different torch versions ("
-                      + "; ".join(f"{rank_list(rs)}: schema {v}" for v, rs in by.items()) + ")")
-    last: dict[str, dict[int, int]] = {}
-    done: dict[str, dict[int, int]] = {}
-    for d in dumps:
-        for e in d.entries:
-            name, p2p, seq = seq_of(e)
-            if p2p or not name:
-                continue
-            last.setdefault(name, {})[d.rank] = max(seq, last.get(name, {}).get(d.rank, 0))
-            if completed(e):
-                done.setdefault(name, {})[d.rank] = max(seq, done.get(name, {}).get(d.rank, 0))
-        for name, (enqueued, _, finished) in d.status.items():
-            if enqueued >= 0:
-                last.setdefault(name, {})[d.rank] = max(enqueued, last.get(name, {}).get(d.rank, 0))
-            if finished >= 0:
-                done.setdefault(name, {})[d.rank] = max(finished, done.get(name, {}).get(d.rank, 0))
-    for name, by_rank in done.items():
-        group = table.get(name)
-        members = set(group.ranks) if group and group.ranks else set(by_rank)
-        ahead, top = max(by_rank.items(), key=lambda item: item[1])
-        for r, seq in sorted(last.get(name, {}).items()):
-            if r in members and seq < top:
-                label = group.label if group else name
-                raise Refused(f"the dumps are not of one time of one job: rank {r}'s dump ends at collective "
-                              f"#{seq} of group {label}, but rank {ahead} completed #{top}, which needs every "
-                              f"member: rank {r}'s dump is older, or of another job")
 
 
 def numbering(dumps: list[RankDump], table: dict[str, FrGroup]) -> dict[str, Numbering]:
@@ -193,7 +155,8 @@ def explain(dumps: list[RankDump], world: int | None = None, test: TestTrace | N
     not one job at one time."""
     world = world_of(dumps, world)
     table = group_table(dumps, world)
-    check_one_job(dumps, table)
+    ended = check_one_job(dumps, table)
+    dumps = reread(dumps, ended)
     numbers = numbering(dumps, table)
     t0 = min((int(e.get("time_created_ns") or 0) for d in dumps for e in d.entries[:1]), default=0)
     by_rank = {d.rank: d for d in dumps}
@@ -218,4 +181,5 @@ def explain(dumps: list[RankDump], world: int | None = None, test: TestTrace | N
     else:
         result.outcome.diagnosis = diag
     result.gaps = gaps(dumps, missing, result.outcome.diagnosis, table)
+    result.gaps += [e.line(table[e.group].label if e.group in table else e.group) for e in ended]
     return result

@@ -1,7 +1,8 @@
 """A gloo job whose ranks end as NCCL's watchdog ends them with dump-on-timeout on: rank 1 skips the
 third all_reduce, and once the job has stalled each rank writes its Flight Recorder to
 ``$TORCH_FR_DUMP_TEMP_FILE<rank>`` (where the watch asked for it) and aborts (SIGABRT), as the
-watchdog does after a collective's timeout. Launched by torchrun under ``pytest-nccl watch``."""
+watchdog does after a collective's timeout; ``JOB_LINGER_RANK`` stays ``JOB_LINGER_S`` seconds more,
+alive once the others are gone. Launched by torchrun under ``pytest-nccl watch``."""
 
 import os
 import threading
@@ -27,6 +28,8 @@ def watchdog() -> None:
         deadline = time.monotonic() + 30  # every rank's dump before any rank goes, as NCCL's all dump first
         while time.monotonic() < deadline and not all(os.path.exists(f"{prefix}{r}") for r in range(world)):
             time.sleep(0.05)
+    if rank == int(os.environ.get("JOB_LINGER_RANK", "-1")):  # alive when the first rank is gone
+        time.sleep(float(os.environ.get("JOB_LINGER_S", "0")))
     os.abort()
 
 
