@@ -351,6 +351,30 @@ def test_the_models_watchdog_takes_a_rank_down_as_nccls_does(tmp_path):
     assert "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE" in err, err
 
 
+def test_the_models_gloo_groups_are_freed_before_the_interpreter_s_teardown(tmp_path):
+    """A healthy job's rank must exit 0: freed in the teardown, a gloo group underneath now and then
+    aborted it. By the time the first atexit handler registered runs (atexit runs them last in,
+    first out), the model holds none and the group it made holds no gloo group."""
+    code = textwrap.dedent(f"""
+        import atexit, torch, torch.distributed as dist
+        def check():
+            print("held", len(nccl_model._groups), "inner", group.inner is None, flush=True)
+        atexit.register(check)
+        from pytest_nccl.testing import nccl_model
+        nccl_model.register()
+        dist.init_process_group(nccl_model.NAME, store=dist.FileStore({str(tmp_path / "store")!r}, 1),
+                                rank=0, world_size=1)
+        group = nccl_model._groups[0]
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        print("sum", nccl_model.item(t[0]), flush=True)
+        dist.destroy_process_group()
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["sum", "1.0", "held", "0", "inner", "True"], proc.stdout + proc.stderr
+
+
 def test_a_python_work_that_cannot_say_it_completed_is_taken_as_completed():
     """A backend's Work written in Python without ``is_completed`` (torch's default never turns true
     for it): its collectives must not read in flight for ever."""

@@ -27,6 +27,8 @@ is undefined there: a hang or a corrupt result), instead of gloo's abort.
 # mypy: disable-error-code="override"
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import queue
 import sys
@@ -108,6 +110,20 @@ class Stream:
 # the device's current stream: compute, and what ``Work.wait()`` makes wait for a collective
 current = Stream("current")
 _groups: list = []
+
+
+def _release_groups() -> None:
+    """At exit, the gloo groups underneath are freed while the interpreter still runs. Left to its
+    teardown, a gloo group freed that late aborts the process now and then ("terminate called
+    without an active exception"): a healthy job's rank ends by SIGABRT. A collective still running
+    on a stream holds its own reference."""
+    for group in _groups:
+        group.inner = None
+    _groups.clear()
+    gc.collect()  # and the works and groups in reference cycles (c10d's objects among them)
+
+
+atexit.register(_release_groups)
 
 
 def sleep(seconds: float) -> None:
