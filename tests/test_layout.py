@@ -70,7 +70,7 @@ RANK_SIDE = in_folder("core", "rank") | {
 PURE = in_folder("core") | {"settings", "views.timeline", "views.swimlane", "views.github", "bisect.tomlcompat",
                             "bisect.matrix", "bisect.matrix.results", "bisect.matrix.cells",
                             "bisect.matrix.findings", "bisect.matrix.render", "bisect.matrix.shards",
-                            "explain", "explain.verdict", "explain.testtrace"}
+                            "explain", "explain.verdict", "explain.consistency", "explain.testtrace"}
 GRAPH = {name: imports_of(path)[0] & set(MODULES) for name, path in MODULES.items()}
 
 
