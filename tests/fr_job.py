@@ -4,6 +4,7 @@ once the job has stalled, then exits. Run under torchrun: ``torchrun --nproc-per
 SCENARIO PREFIX``. The lines the tests expect in headlines are marked ``# line: NAME``."""
 
 import os
+import pickle
 import sys
 import threading
 import time
@@ -22,6 +23,12 @@ def write_dump() -> None:
     with open(path + ".part", "wb") as f:
         f.write(blob)
     os.replace(path + ".part", path)
+
+
+def last_entry_retired() -> bool:
+    """Whether this rank's last Flight Recorder entry is retired (marked completed)."""
+    entries = pickle.loads(torch._C._distributed_c10d._dump_fr_trace(True, False, False))["entries"]
+    return bool(entries and entries[-1].get("retired"))
 
 
 def dump_and_exit(after: float) -> None:
@@ -57,7 +64,10 @@ def main() -> None:
             time.sleep(60)  # skips the collective; its dump is written and it ends
         try:
             dist.all_reduce(x)  # line: gonewaits
-        except RuntimeError:  # rank 1 closed its connection: the Flight Recorder marks this completed
+        except RuntimeError:  # rank 1 closed its connection: the Flight Recorder marks this completed,
+            deadline = time.monotonic() + 30  # a moment after the call raised
+            while time.monotonic() < deadline and not last_entry_retired():
+                time.sleep(0.05)
             write_dump()
             os._exit(0)
     elif SCENARIO == "op":
