@@ -62,6 +62,25 @@ def test_rank_process_exiting_in_a_test_is_named_by_rank_0_at_once(launch):
     assert run.codes != [0] and run.elapsed < 25, (run.elapsed, run.text)
 
 
+def test_a_rank_the_launcher_stops_after_a_failure_still_says_what_failed(launch):
+    """The launcher's SIGTERM comes before pytest's summary: the failures that summary would have
+    shown are said in a line each, on the rank that had them."""
+    run = launch("""
+        import os, time
+
+        def test_a_fails():
+            assert 1 + 1 == 3, "the sum is off"
+
+        def test_b_rank_1_exits():
+            if os.environ["RANK"] == "1":
+                os._exit(3)
+            time.sleep(60)
+    """, "test_inner.py")
+    assert "the launcher stopped this rank (SIGTERM) after test_inner.py::test_a_fails" in run.text, run.text
+    assert "failed here before it: test_inner.py::test_a_fails: AssertionError: the sum is off" in run.text, run.text
+    assert run.codes != [0] and run.elapsed < 40, (run.elapsed, run.text)
+
+
 def test_a_process_a_rank_forks_keeps_its_signals_and_never_interrupts_the_rank(launch):
     """A DataLoader worker or multiprocessing child forked by a rank inherits the rank's handlers and
     wakeup fd: its ``terminate()`` must still kill it (SIGTERM), and that SIGTERM is not the rank's."""

@@ -76,6 +76,9 @@ class SpmdSession:
         self.done_published = False
         self.signals = RankSignals(self)
         self.failed_here: list[str] = []       # unmarked tests that failed on this rank
+        # every test that failed here -> its failure's first line: what is left to say of it when the
+        # launcher stops the rank before pytest's summary
+        self.failures: dict[str, str] = {}
         self.elsewhere: dict[str, list[int]] = {}  # rank 0: nodeid -> ranks where only they failed
         self.debug_on = os.environ.get("PYTEST_NCCL_DEBUG", "") not in ("", "0")
         self._err_fd = os.dup(2)               # the real stderr, also while pytest captures
@@ -236,6 +239,8 @@ class SpmdSession:
     def pytest_runtest_logreport(self, report) -> None:
         if report.failed and "nccl" not in report.keywords and report.nodeid not in self.failed_here:
             self.failed_here.append(report.nodeid)
+        if report.failed:
+            self.failures.setdefault(report.nodeid, first_line(report))
         if Phase(report.when) is Phase.TEARDOWN:
             self.last_nodeid = report.nodeid
 
@@ -377,3 +382,10 @@ class SpmdSession:
         report, wait for the verdict like the ranks that run the body, and report it."""
         decided = self._end(run, setup_outcome(item, rep, self.rank, call))
         setup_failure_report(self, item, rep, run, decided)
+
+
+def first_line(report) -> str:
+    """A failed report's first line, as pytest's short summary shows it (the crash message)."""
+    message = getattr(getattr(report.longrepr, "reprcrash", None), "message", None)
+    text = message if isinstance(message, str) and message else str(report.longrepr or "")
+    return text.strip().splitlines()[0] if text.strip() else "failed"

@@ -9,7 +9,8 @@ forward: it is ignored, and ``TIMING.interrupt_wait`` after the first the rank e
 The Python handler runs only when the main thread returns to Python (an NCCL rank may sit in
 ``cudaStreamSynchronize``): the watchdog also reads the signal from the wakeup fd. Outside a marked
 test, SIGINT raises KeyboardInterrupt and SIGTERM or SIGHUP (the launcher stopping every rank after
-one exited with an error) says in one line which test this rank was in, then goes.
+one exited with an error) says in one line which test this rank was in, and the first line of each
+test that failed here (pytest's summary of them will not come), then goes.
 """
 
 from __future__ import annotations
@@ -178,6 +179,8 @@ class RankSignals:
             except Exception:  # in a signal handler: a stream may be anything by now
                 pass
         self.session.say(f"the launcher stopped this rank ({signal.Signals(signum).name}) {where}")
+        for nodeid, line in self.session.failures.items():  # pytest's summary of them is not coming
+            self.session.say(f"failed here before it: {nodeid}: {line}")
         os._exit(128 + signum)
 
     def on_interrupt(self, signum, frame):
