@@ -2,7 +2,8 @@
 a ``StatelessProcessGroup`` (a TCPStore, outside c10d) and a ``PyNcclCommunicator`` over it; each
 update is ``broadcast(weights, src=rank)`` then ``group.barrier()``. The watch names a member that
 never connected, a call a member never entered, a store barrier that timed out, each with its line,
-within ``--timeout`` (+ 5 s) of the last step any member made; a healthy sync is untouched.
+within ``--timeout`` (plus a loaded runner's slack, SLACK_S) of the last step any member made; a
+healthy sync is untouched.
 
 - the rule, on data (``core.sidecalls.judge``);
 - real jobs (``tests/watch/vllm_sync_job.py``) at world 2 and 3 (the trainer and 1 or 2 server
@@ -185,6 +186,9 @@ def watch_sync(tmp_path: Path, case: str, how: str, workers: int, timeout: float
     return run, started + run.elapsed
 
 
+SLACK_S = 12  # seconds past --timeout a loaded runner may take to decide
+
+
 def assert_verdict(run, ended_at: float, pattern: str, timeout: float = TIMEOUT) -> None:
     assert run.code == 3, run.text
     assert "pytest-nccl watch: diagnosed (side group) =====" in run.stderr, run.stderr
@@ -193,9 +197,10 @@ def assert_verdict(run, ended_at: float, pattern: str, timeout: float = TIMEOUT)
     s = run.summary
     assert s is not None and s["verdict"] and s["exit_code"] == 3 and s["ended_by_watch"], s
     assert re.match(pattern, s["headline"]) and s["headline"] == s["peers_missing"], s
-    # decided within --timeout (+ 5 s) of the last step a member made
+    # decided within --timeout of the last step a member made, plus a loaded runner's slack (two
+    # watches and three members on two cores took 14.6 s of a --timeout of 8 in a clean CI run here)
     events = [float(line.split()[1]) for line in run.stdout.splitlines() if line.startswith("event ")]
-    assert events and ended_at - max(events) < timeout + 5, (ended_at - max(events), run.stdout)
+    assert events and ended_at - max(events) < timeout + SLACK_S, (ended_at - max(events), run.stdout)
 
 
 GROUP = r"vLLM's weight-sync group at 127\.0\.0\.1:\d+"
@@ -332,7 +337,7 @@ def test_two_commands_each_under_its_own_watch_healthy_are_untouched(tmp_path):
 
 
 def assert_one_verdict(server, server_end, trainer, trainer_end, pattern: str) -> str:
-    """Both watches give the group's one verdict, in the same words, each within --timeout (+ 5 s) of
+    """Both watches give the group's one verdict, in the same words, each within --timeout (+ SLACK_S) of
     the last step a member made; the members of the other command are no longer 'not seen'."""
     assert_verdict(server, server_end, pattern)
     assert_verdict(trainer, trainer_end, pattern)
