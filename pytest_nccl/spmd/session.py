@@ -23,6 +23,7 @@ from ..core.messages import Collected, Verdict
 from ..core.reports import RankReport
 from ..core.states import Backend, Phase
 from ..errors import NcclUsageError, RankSetupError
+from ..exitcodes import crash_line
 from ..interrupts import stop_message
 from ..placement import place
 from ..rank import libraries
@@ -240,7 +241,7 @@ class SpmdSession:
         if report.failed and "nccl" not in report.keywords and report.nodeid not in self.failed_here:
             self.failed_here.append(report.nodeid)
         if report.failed:
-            self.failures.setdefault(report.nodeid, first_line(report))
+            self.failures.setdefault(report.nodeid, crash_line(report.longrepr) or "failed")
         if Phase(report.when) is Phase.TEARDOWN:
             self.last_nodeid = report.nodeid
 
@@ -382,10 +383,3 @@ class SpmdSession:
         report, wait for the verdict like the ranks that run the body, and report it."""
         decided = self._end(run, setup_outcome(item, rep, self.rank, call))
         setup_failure_report(self, item, rep, run, decided)
-
-
-def first_line(report) -> str:
-    """A failed report's first line, as pytest's short summary shows it (the crash message)."""
-    message = getattr(getattr(report.longrepr, "reprcrash", None), "message", None)
-    text = message if isinstance(message, str) and message else str(report.longrepr or "")
-    return text.strip().splitlines()[0] if text.strip() else "failed"
