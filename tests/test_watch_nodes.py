@@ -21,6 +21,7 @@ from watch_support import free_port, job_env
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT = 6           # the watches' --timeout
 JOB_LIMIT = 120       # a run of two watches, whatever happens
+SLACK_S = 12          # seconds past --timeout a loaded runner may take to decide and write its summary
 
 JOB = """
 import os, sys, time
@@ -44,6 +45,8 @@ for _ in range(600):
 t = torch.ones(2)
 for step in range(1, 9):
     time.sleep(1.0 if step < 6 else 0)                  # then it trains a while (5 s), then fails
+    with open(f"progress.{rank}", "w") as stamp:        # this rank's last step, for the test's clock
+        stamp.write(str(time.time()))
     if case == "slow" and step == 6 and rank == last:
         time.sleep(120)                                 # the slow rank
     if case == "shape" and step == 6:
@@ -118,10 +121,9 @@ def headline_of(stderr: str) -> str:
 @pytest.mark.timeout(JOB_LIMIT + 60)
 def test_a_slow_rank_on_the_other_node_is_named_by_both_watches(tmp_path):
     """Rank 3 (node 1) sleeps before its sixth all_reduce: both watches, each launched on its own
-    node, give the same headline, naming rank 3 and its line, within --timeout + 10 s."""
-    t0 = time.monotonic()
+    node, give the same headline, naming rank 3 and its line, within --timeout (plus a loaded
+    runner's slack) of the last step any rank made."""
     out = run_nodes(tmp_path, "slow")
-    elapsed = time.monotonic() - t0
     sleep_line = line_of(JOB, "time.sleep(120)")
     for node, (code, err, summary) in out.items():
         assert code == 3, f"node {node}:\n{err}"
@@ -130,8 +132,12 @@ def test_a_slow_rank_on_the_other_node_is_named_by_both_watches(tmp_path):
         assert "rank 3 is busy outside any collective" in summary["headline"], summary["headline"]
         assert "ranks 0-2 waited 6 s (--timeout) with no progress in all_reduce #6" in summary["headline"]
     assert out[0][2]["headline"] == out[1][2]["headline"], (out[0][2]["headline"], out[1][2]["headline"])
-    # + 60: two launchers and four ranks start torch on a loaded 2-core host (40 s seen with 7 users)
-    assert elapsed < TIMEOUT + 10 + 60, elapsed
+    # timed from the job's own clock, not from the launch: starting two launchers, two watches and four
+    # ranks on a loaded 2-core runner has taken anything from 20 s to 90 s, and is not what this claims
+    last_step = max(float(path.read_text()) for path in tmp_path.glob("progress.*"))
+    for node in out:
+        decided = (tmp_path / f"node{node}.json").stat().st_mtime - last_step
+        assert decided < TIMEOUT + SLACK_S, (node, decided)
 
 
 @pytest.mark.timeout(JOB_LIMIT + 60)
