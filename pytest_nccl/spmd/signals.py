@@ -9,8 +9,9 @@ forward: it is ignored, and ``TIMING.interrupt_wait`` after the first the rank e
 The Python handler runs only when the main thread returns to Python (an NCCL rank may sit in
 ``cudaStreamSynchronize``): the watchdog also reads the signal from the wakeup fd. Outside a marked
 test, SIGINT raises KeyboardInterrupt and SIGTERM or SIGHUP (the launcher stopping every rank after
-one exited with an error) says in one line which test this rank was in, and the first line of each
-test that failed here (pytest's summary of them will not come), then goes.
+one exited with an error) says in one line which test this rank was in or came after, and which
+ranks' processes it sees ended, and the first line of each test that failed here (pytest's summary
+of them will not come), then goes.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import signal
 import sys
 import threading
 
+from ..core.groups import ranks_text
 from ..interrupts import ENDINGS_KEY
 from .group import INTERRUPT_SIGNAL
 from .timing import TIMING
@@ -158,9 +160,15 @@ class RankSignals:
             except Exception:  # in a signal handler, a store gone raises by its type: said less
                 where += " (another rank's process ended, or the job was cancelled)"
             return where
-        if sp.last_nodeid is not None:
-            return f"after {sp.last_nodeid}"
-        return "before its first distributed test"
+        where = f"after {sp.last_nodeid}" if sp.last_nodeid is not None else "before its first distributed test"
+        try:  # between two tests the launcher's reason is a rank that ended: named where this rank sees it
+            gone = [r for r in range(sp.world) if r != sp.rank and sp.group.ended(r, sp.group.store)]
+        except Exception:  # in a signal handler, a store gone raises by its type: said less
+            gone = []
+        if gone:
+            where += (f"; the process of rank {ranks_text(gone)} had ended" if len(gone) == 1 else
+                      f"; the processes of ranks {ranks_text(gone)} had ended")
+        return where
 
     def on_sigterm(self, signum, frame):
         """The launcher stops every rank when one exits with an error (or died): say in one line
