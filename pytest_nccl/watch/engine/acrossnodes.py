@@ -121,12 +121,13 @@ class AcrossNodes:
                 f.unseen = True
                 _debug(f"rank {r}: its node's watch did not answer the verdict's question")
 
-    def fresh_records(self, nodes: Nodes, ranks: list | None = None) -> None:
+    def fresh_records(self, nodes: Nodes, ranks: list | None = None, every: bool = False) -> None:
         """The records of the other nodes' ranks (``ranks``: of those) whose summary moved since
-        they were last asked for, asked of their nodes at once (a rule reads them now)."""
+        they were last asked for (``every``: moved or not; their watches read them when asked),
+        asked of their nodes at once (a rule reads them now)."""
         m = self.m
         stale = {f.rank: (f, f.source) for f in list(m.ranks.values())
-                 if isinstance(f.source, RemoteRank) and not f.unseen and f.source.stale
+                 if isinstance(f.source, RemoteRank) and not f.unseen and (every or f.source.stale)
                  and (ranks is None or f.rank in ranks)}
         if not stale:
             return

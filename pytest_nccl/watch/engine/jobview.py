@@ -37,7 +37,7 @@ class FollowedJob(Protocol):
 
     def report(self, r: int, answer: dict | None) -> RankReport: ...
 
-    def fresh_records(self) -> None: ...
+    def fresh_records(self, ranks: list | None = None, every: bool = False) -> None: ...
 
     def ask_all(self, followed: list[Followed], request: AgentRequest) -> dict: ...
 
@@ -124,7 +124,10 @@ class JobView:
     def final_journals(self, reports: dict[int, RankReport], dumps: Dumps) -> dict:
         """The window of every rank; a rank still running that waits in no traced collective may wait
         in one issued from C++ (DDP's reducer): then, when every rank answered, with the Flight
-        Recorder's entries merged in."""
+        Recorder's entries merged in. Another node's ranks are asked for their records once more here,
+        moved or not: its watch publishes what it read of them once a second, and a rank that entered
+        a collective just before another rank's error decided the call would be missing from it."""
+        self.m.fresh_records(every=True)
         journals = self.journals()
         running = [r for r, rep in reports.items() if rep.state == RankState.RUNNING]
         if not running or not all(_waits_nowhere(journals[r]) for r in running):

@@ -201,10 +201,10 @@ class Monitor:
         return self.across.ask_all(self.nodes if self.nodes is not None and self.nodes.decides else None,
                                    followed, request)
 
-    def fresh_records(self, ranks: list | None = None) -> None:
+    def fresh_records(self, ranks: list | None = None, every: bool = False) -> None:
         """The deciding watch: the other nodes' ranks' records, fresh (``AcrossNodes``)."""
         if self.nodes is not None and self.nodes.decides:
-            self.across.fresh_records(self.nodes, ranks)
+            self.across.fresh_records(self.nodes, ranks, every)
 
     def read(self, f: Followed) -> None:
         with self.lock:
