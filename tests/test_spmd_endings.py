@@ -63,7 +63,8 @@ def test_rank_process_exiting_in_a_test_is_named_by_rank_0_at_once(launch):
                "rank 1 had ended")
     assert died in run.report or between in run.text, run.text
     assert "exitcode  : 3" in run.text  # torchrun's own report names the rank that exited
-    assert run.codes != [0] and run.elapsed < 25, (run.elapsed, run.text)
+    # well inside --nccl-timeout=60, with room for two ranks starting torch on a loaded runner
+    assert run.codes != [0] and run.elapsed < 45, (run.elapsed, run.text)
 
 
 def test_a_rank_the_launcher_stops_after_a_failure_still_says_what_failed(launch):
