@@ -21,7 +21,7 @@ import signal
 import sys
 import threading
 
-from ..core.groups import ranks_text
+from ..core.diagnosis.wording import rank_list
 from ..interrupts import ENDINGS_KEY
 from .group import INTERRUPT_SIGNAL
 from .timing import TIMING
@@ -166,8 +166,7 @@ class RankSignals:
         except Exception:  # in a signal handler, a store gone raises by its type: said less
             gone = []
         if gone:
-            where += (f"; the process of rank {ranks_text(gone)} had ended" if len(gone) == 1 else
-                      f"; the processes of ranks {ranks_text(gone)} had ended")
+            where += f"; the process{'es' if len(gone) > 1 else ''} of {rank_list(gone)} had ended"
         return where
 
     def on_sigterm(self, signum, frame):

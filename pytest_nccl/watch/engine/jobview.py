@@ -53,6 +53,10 @@ class JobView:
     # -- the referee's CallView --------------------------------------------------------------------------
     def journals(self) -> dict:
         self.m.fresh_records()  # another node's ranks: asked of their nodes when read
+        return self._window()
+
+    def _window(self) -> dict:
+        """Every rank's records as the window holds them now."""
         ranks = self.m.ranks  # a rank this watch lost sight of is where it was last seen: no evidence
         return {r: ranks[r].records if r in ranks and not ranks[r].unseen else [] for r in range(self.m.world)}
 
@@ -128,7 +132,7 @@ class JobView:
         moved or not: its watch publishes what it read of them once a second, and a rank that entered
         a collective just before another rank's error decided the call would be missing from it."""
         self.m.fresh_records(every=True)
-        journals = self.journals()
+        journals = self._window()  # not journals(): a node that did not answer that is not asked twice
         running = [r for r, rep in reports.items() if rep.state == RankState.RUNNING]
         if not running or not all(_waits_nowhere(journals[r]) for r in running):
             return journals
